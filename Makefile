@@ -1,0 +1,43 @@
+# The two commands a newcomer needs: `make demo` and `make test`.
+# Both work on a fresh machine with only Python 3.11 and root: they create .venv, install
+# the project with its test extras, install missing Debian packages, then run.
+
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+# Debian packages the test suite needs (installed only when missing; see infra/apt-ensure.sh).
+APT_PACKAGES :=
+
+.PHONY: demo test venv apt bench example clean help
+
+help:
+	@echo "make demo   - show what spikeops reads from the example incident bundle"
+	@echo "make test   - run the whole test suite (creates .venv, installs what it needs)"
+	@echo "make bench  - run the benchmarks in bench/ (by hand; results go in the README)"
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[test]'
+	@touch $(STAMP)
+
+venv: $(STAMP)
+
+apt:
+	@infra/apt-ensure.sh $(APT_PACKAGES)
+
+demo: $(STAMP)
+	$(BIN)/spikeops parse examples/bundle-xid79
+
+test: $(STAMP) apt
+	$(BIN)/python -m pytest
+
+bench: $(STAMP)
+	$(BIN)/python bench/bench_parsers.py
+
+example: $(STAMP)
+	$(BIN)/python examples/build_example.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis build *.egg-info

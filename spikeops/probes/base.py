@@ -1,0 +1,131 @@
+"""What every evidence parser shares: the line source, the gap record, and the registry.
+
+A parser is a pure function from text to typed values. It never raises on bad input: the
+part it could not read becomes a ``Gap`` (line and reason) beside what it did read, because
+a diagnosis built on 90 % of a truncated log beats no diagnosis. Parsers that read logs
+accept an iterable of lines, so a 2 GB file is streamed rather than loaded.
+
+Each parser module registers one or more ``Kind`` entries at import time (node_exporter
+style); ``spikeops.probes.registry()`` discovers the modules, so adding an evidence kind is
+one new file and no edits elsewhere.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "Gap",
+    "Kind",
+    "register",
+    "numbered_lines",
+    "join_text",
+    "clip",
+    "to_number",
+    "MAX_EVIDENCE_TEXT",
+    "MAX_EVENTS",
+    "LineSource",
+]
+
+#: Evidence lines are quoted back to people; a single minified line can be megabytes.
+MAX_EVIDENCE_TEXT = 400
+#: Events of one kind kept from one input; the rest are counted in a gap. A log with a
+#: million identical warnings must not cost a million objects.
+MAX_EVENTS = 10_000
+
+
+@dataclass(frozen=True, slots=True)
+class Gap:
+    """A part of the input that was not understood or not read, with the reason why."""
+
+    reason: str
+    line: int | None = None
+
+
+LineSource = str | Iterable[str]
+
+
+def numbered_lines(source: LineSource) -> Iterator[tuple[int, str]]:
+    """Yield ``(line_number, line)`` from text or from an iterable of lines.
+
+    Line numbers are 1-based so evidence can cite them as editors and ``grep -n`` do.
+    Trailing newline characters are removed; nothing else is touched.
+    """
+    if isinstance(source, str):
+        lines: Iterable[str] = source.splitlines()
+    else:
+        lines = source
+    for number, line in enumerate(lines, start=1):
+        yield number, line.rstrip("\r\n")
+
+
+def join_text(source: LineSource) -> str:
+    """Whole-document parsers (XML, tables) need the text in one piece."""
+    if isinstance(source, str):
+        return source
+    return "\n".join(line.rstrip("\r\n") for line in source)
+
+
+def clip(text: str, limit: int = MAX_EVIDENCE_TEXT) -> str:
+    """Evidence text short enough to quote, marked when it was cut."""
+    text = text.strip()
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+_NUMBER = re.compile(r"^[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?$")
+
+
+def to_number(text: str | None) -> int | float | None:
+    """Read an integer or float the way tools print them; ``N/A`` and the like are None."""
+    if text is None:
+        return None
+    value = text.strip().replace(",", "")
+    if not _NUMBER.match(value):
+        return None
+    if re.fullmatch(r"[+-]?\d+", value):
+        return int(value)
+    return float(value)
+
+
+@dataclass(frozen=True)
+class Kind:
+    """One kind of evidence spikeops can read.
+
+    ``detect`` looks at the head of an input (at most 64 KiB of text) and returns a score in
+    [0, 1]: 0 is "certainly not mine", 1 is "certainly mine". Detection is by content, never
+    by file name, because operators rename files and tools get wrapped in scripts.
+    ``summarize`` turns a parse result into a few readable lines for ``spikeops parse``.
+    """
+
+    name: str
+    description: str
+    command: str | None
+    parse: Callable[[Any], Any]
+    detect: Callable[[str], float]
+    summarize: Callable[[Any], list[str]]
+    streaming: bool = False
+    aliases: tuple[str, ...] = field(default=())
+    #: For kinds captured as a directory tree (sysfs): renders the tree as the text the
+    #: parser reads, or returns None when the directory is not of this kind.
+    from_directory: Callable[[Path], str | None] | None = None
+
+
+_REGISTRY: dict[str, Kind] = {}
+
+
+def register(kind: Kind) -> Kind:
+    """Add a kind to the registry; a second registration under one name is a bug."""
+    for name in (kind.name, *kind.aliases):
+        existing = _REGISTRY.get(name)
+        if existing is not None and existing is not kind:
+            raise ValueError(f"evidence kind {name!r} registered twice")
+        _REGISTRY[name] = kind
+    return kind
+
+
+def _registry() -> dict[str, Kind]:
+    return _REGISTRY

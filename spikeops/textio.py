@@ -1,0 +1,180 @@
+"""Reading evidence files without trusting them.
+
+Evidence comes off sick machines: logs cut mid-line by a crash, runs of NUL bytes where a
+node died while writing, a Latin-1 line in a UTF-8 log, a multi-gigabyte file, a core dump
+named ``train.log``. This module is the one place that opens such files. It refuses what is
+not text with a one-line reason, streams the rest line by line with bounded memory, and
+counts every repair it made so the caller can report it as a gap instead of hiding it.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+from spikeops.errors import InputError
+from spikeops.probes.base import Gap
+
+__all__ = ["ReadReport", "open_binary", "sniff", "iter_lines", "read_text", "HEAD_BYTES"]
+
+#: How much of a file detection looks at.
+HEAD_BYTES = 64 * 1024
+#: A longer line is cut: no tool we read prints one, and a binary blob can be one "line".
+MAX_LINE_BYTES = 1024 * 1024
+#: Whole-document kinds (XML, tables) are read up to this size; more is reported, not read.
+MAX_DOCUMENT_BYTES = 64 * 1024 * 1024
+PROGRESS_EVERY = 200_000
+
+_GZIP_MAGIC = b"\x1f\x8b"
+_TEXT_CONTROLS = {0x09, 0x0A, 0x0C, 0x0D, 0x08, 0x1B}
+
+
+@dataclass
+class ReadReport:
+    """What reading a file cost and repaired; turned into gaps for the user."""
+
+    path: str
+    size: int = 0
+    compressed: bool = False
+    lines: int = 0
+    bytes_read: int = 0
+    recoded_lines: int = 0
+    long_lines: int = 0
+    nul_lines: int = 0
+    truncated_at: int | None = None
+    unterminated_last_line: bool = False
+
+    def gaps(self) -> list[Gap]:
+        gaps = []
+        if self.recoded_lines:
+            gaps.append(Gap(f"{self.recoded_lines} line(s) were not UTF-8 and were read as Latin-1"))
+        if self.long_lines:
+            gaps.append(Gap(f"{self.long_lines} line(s) longer than {MAX_LINE_BYTES} bytes were cut"))
+        if self.nul_lines:
+            gaps.append(Gap(f"{self.nul_lines} line(s) held NUL bytes (a crash while writing?); NULs dropped"))
+        if self.truncated_at is not None:
+            gaps.append(Gap(f"only the first {self.truncated_at} bytes were read (size limit)"))
+        return gaps
+
+
+def open_binary(path: str | Path) -> BinaryIO:
+    """Open a file for reading, transparently decompressing gzip (rotated logs are .gz)."""
+    target = Path(path)
+    try:
+        if target.is_dir():
+            raise InputError(f"{target}: is a directory")
+        handle = open(target, "rb")  # noqa: SIM115 - returned to the caller
+    except FileNotFoundError as exc:
+        raise InputError(f"{target}: no such file") from exc
+    except PermissionError as exc:
+        raise InputError(f"{target}: permission denied") from exc
+    except IsADirectoryError as exc:
+        raise InputError(f"{target}: is a directory") from exc
+    except OSError as exc:
+        raise InputError(f"{target}: cannot open ({exc.strerror or exc})") from exc
+    magic = handle.read(2)
+    handle.seek(0)
+    if magic == _GZIP_MAGIC:
+        return gzip.GzipFile(fileobj=handle, mode="rb")  # type: ignore[return-value]
+    return handle
+
+
+def _looks_binary(head: bytes) -> bool:
+    if not head:
+        return False
+    controls = sum(1 for byte in head if (byte < 0x20 and byte not in _TEXT_CONTROLS) or byte == 0x7F)
+    return controls / len(head) > 0.10
+
+
+def _decode(raw: bytes, report: ReadReport) -> str:
+    if b"\x00" in raw:
+        report.nul_lines += 1
+        raw = raw.replace(b"\x00", b"")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        report.recoded_lines += 1
+        return raw.decode("latin-1")
+
+
+def sniff(path: str | Path) -> tuple[str, ReadReport]:
+    """The head of a file as text, for kind detection; refuses empty and binary files."""
+    report = ReadReport(path=str(path))
+    try:
+        report.size = Path(path).stat().st_size
+    except OSError:
+        pass
+    with open_binary(path) as handle:
+        report.compressed = isinstance(handle, gzip.GzipFile)
+        try:
+            head = handle.read(HEAD_BYTES)
+        except (OSError, EOFError, gzip.BadGzipFile) as exc:
+            raise InputError(f"{path}: unreadable ({exc})") from exc
+    if not head:
+        raise InputError(f"{path}: file is empty")
+    if _looks_binary(head):
+        raise InputError(f"{path}: binary data, not tool output (no parser reads it)")
+    text = "\n".join(_decode(line, report) for line in head.split(b"\n"))
+    return text, report
+
+
+def iter_lines(
+    path: str | Path,
+    report: ReadReport | None = None,
+    *,
+    max_bytes: int | None = None,
+    progress: Callable[[ReadReport], None] | None = None,
+) -> Iterator[str]:
+    """Stream a file's lines as text, in bounded memory, recording repairs in ``report``.
+
+    ``progress`` is called every ``PROGRESS_EVERY`` lines (and never otherwise), so a
+    terminal can show how far a multi-gigabyte log has got.
+    """
+    report = report if report is not None else ReadReport(path=str(path))
+    with open_binary(path) as handle:
+        report.compressed = isinstance(handle, gzip.GzipFile)
+        while True:
+            if max_bytes is not None and report.bytes_read >= max_bytes:
+                if handle.read(1):
+                    report.truncated_at = report.bytes_read
+                return
+            try:
+                raw = handle.readline(MAX_LINE_BYTES)
+            except (OSError, EOFError, gzip.BadGzipFile):
+                report.unterminated_last_line = True
+                return
+            if not raw:
+                return
+            report.bytes_read += len(raw)
+            if not raw.endswith(b"\n") and len(raw) >= MAX_LINE_BYTES:
+                report.long_lines += 1
+                while True:  # skip the rest of the overlong line
+                    rest = handle.readline(MAX_LINE_BYTES)
+                    report.bytes_read += len(rest)
+                    if not rest or rest.endswith(b"\n"):
+                        break
+            elif not raw.endswith(b"\n"):
+                report.unterminated_last_line = True
+            report.lines += 1
+            if progress is not None and report.lines % PROGRESS_EVERY == 0:
+                progress(report)
+            yield _decode(raw.rstrip(b"\r\n"), report)
+
+
+def read_text(
+    path: str | Path,
+    report: ReadReport | None = None,
+    *,
+    max_bytes: int = MAX_DOCUMENT_BYTES,
+    progress: Callable[[ReadReport], None] | None = None,
+) -> str:
+    """A whole document as text, capped at ``max_bytes`` (the cap is reported, not silent)."""
+    buffer = io.StringIO()
+    for line in iter_lines(path, report, max_bytes=max_bytes, progress=progress):
+        buffer.write(line)
+        buffer.write("\n")
+    return buffer.getvalue()

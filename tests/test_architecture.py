@@ -1,0 +1,53 @@
+"""The shape rules of the codebase: the core never imports Prefect; modules declare __all__."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import pkgutil
+import subprocess
+import sys
+
+import spikeops
+from tests.conftest import ROOT
+
+
+def _core_modules() -> list[str]:
+    names = ["spikeops"]
+    for module in pkgutil.walk_packages(spikeops.__path__, "spikeops."):
+        names.append(module.name)
+    return names
+
+
+def test_core_never_imports_prefect():
+    for path in (ROOT / "spikeops").rglob("*.py"):
+        tree = ast.parse(path.read_text(), filename=str(path))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                names = [node.module or ""]
+            else:
+                continue
+            assert not any(name.split(".")[0] == "prefect" for name in names), f"{path} imports prefect"
+
+
+def test_importing_every_core_module_does_not_load_prefect():
+    code = (
+        "import importlib, sys, pkgutil, spikeops\n"
+        "for m in pkgutil.walk_packages(spikeops.__path__, 'spikeops.'):\n"
+        "    if m.name != 'spikeops.__main__': importlib.import_module(m.name)\n"
+        "print('prefect' in sys.modules)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert proc.stdout.strip() == "False"
+
+
+def test_public_modules_declare_all():
+    for name in _core_modules():
+        if name.endswith("__main__"):
+            continue
+        module = importlib.import_module(name)
+        assert hasattr(module, "__all__"), f"{name} has no __all__"
+        for exported in module.__all__:
+            assert hasattr(module, exported), f"{name}.__all__ names missing {exported}"
