@@ -1,0 +1,313 @@
+"""Reading and writing incident bundles (shared/spec/bundle.md, format 1).
+
+A bundle is the one record of what spikeops knew when it diagnosed an incident: the
+collector writes it, the diagnosis reads it, a person opens it in the post-mortem. Raw tool
+output is stored byte for byte; every write is atomic (temp file, fsync, rename) so a
+collector killed mid-write never leaves a half file that later reads as evidence.
+
+Reading is forgiving by design: only ``incident.json`` is required; every other file is
+optional, unknown files are ignored, and a file that cannot be parsed is reported in
+``missing`` rather than stopping the use of the rest.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from spikeops.errors import BundleError, InputError
+from spikeops.jsonable import to_jsonable
+from spikeops.probes import bundle_files
+from spikeops.probes.base import Gap
+from spikeops.probes.bundle_files import (
+    BUNDLE_FORMAT,
+    PROBE_ERRORS,
+    CheckpointList,
+    Incident,
+    JsonlRecords,
+    ProbesFile,
+    ProbeStatus,
+)
+from spikeops.reading import Reading, read_evidence
+
+__all__ = [
+    "BUNDLE_FORMAT",
+    "PROBE_FILES",
+    "Bundle",
+    "BundleWriter",
+    "open_bundle",
+    "probe_kind_for",
+    "atomic_write",
+]
+
+#: Probe file names (spec table) to the parser kind that reads them. ``ethtool-IFACE.txt``
+#: is matched by pattern. Keeping the kind here, not detecting it, means a probe whose
+#: output is odd (an error message instead of counters) is still read as what it should be.
+PROBE_FILES: dict[str, str] = {
+    "nvidia-smi-q.txt": "nvidia-smi-q",
+    "nvidia-smi-q.xml": "nvidia-smi-xml",
+    "kernel.log": "kernel-log",
+    "ibstat.txt": "ibstat",
+    "ib-counters.txt": "ib-counters",
+    "nccl.log": "nccl-log",
+    "nccl-version.txt": "nccl-version",
+    "train.log": "training-log",
+    "nvml.json": "nvml-json",
+}
+_ETHTOOL = re.compile(r"^ethtool-(?P<iface>[^/]+)\.txt$")
+_SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@+-]*$")
+
+
+def probe_kind_for(filename: str) -> str | None:
+    """The parser kind for a probe file name, or None for files the spec does not name."""
+    if filename in PROBE_FILES:
+        return PROBE_FILES[filename]
+    if _ETHTOOL.match(filename):
+        return "ethtool"
+    return None
+
+
+def atomic_write(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` so readers see the old file or the whole new one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def _json_bytes(value: Any) -> bytes:
+    return (json.dumps(to_jsonable(value), indent=2, ensure_ascii=False, allow_nan=True) + "\n").encode()
+
+
+def _check_name(kind: str, name: str) -> str:
+    """Node and probe names become path components: refuse anything that could escape."""
+    if not _SAFE_NAME.match(name) or name in {".", ".."}:
+        raise BundleError(f"unsafe {kind} name {name!r} (letters, digits and ._@+- only)")
+    return name
+
+
+@dataclass
+class Bundle:
+    """A bundle opened for reading. Everything but ``incident`` is read lazily, on demand."""
+
+    path: Path
+    incident: Incident
+    missing: list[str] = field(default_factory=list)
+
+    # -- nodes ---------------------------------------------------------------------------
+    def nodes(self) -> list[str]:
+        """Node folders present, in the job's order first, then any others by name."""
+        folder = self.path / "nodes"
+        present = sorted(p.name for p in folder.iterdir() if p.is_dir()) if folder.is_dir() else []
+        ordered = [n for n in self.incident.job.nodes if n in present]
+        return ordered + [n for n in present if n not in ordered]
+
+    def node_dir(self, node: str) -> Path:
+        return self.path / "nodes" / _check_name("node", node)
+
+    def probes(self, node: str) -> ProbesFile:
+        """probes.json of a node; a missing or broken one is an empty result with a gap."""
+        path = self.node_dir(node) / "probes.json"
+        if not path.is_file():
+            result = ProbesFile()
+            result.gaps.append(Gap(f"nodes/{node}/probes.json missing"))
+            return result
+        return bundle_files.parse_probes(path.read_text(encoding="utf-8", errors="replace"))
+
+    def probe_files(self, node: str, *, baseline: bool = False) -> list[Path]:
+        """Raw probe outputs (``*.txt``, ``*.log``, ``*.xml``, ``*.json``) of a node."""
+        folder = self.node_dir(node) / "baseline" if baseline else self.node_dir(node)
+        if not folder.is_dir():
+            return []
+        return sorted(p for p in folder.iterdir() if p.is_file() and probe_kind_for(p.name))
+
+    def read_probe(self, node: str, filename: str, *, baseline: bool = False) -> Reading:
+        """Parse one probe file with the kind its name fixes; raises InputError if unreadable."""
+        folder = self.node_dir(node) / "baseline" if baseline else self.node_dir(node)
+        kind = probe_kind_for(filename)
+        return read_evidence(folder / filename, kind)
+
+    def stderr_of(self, node: str, probe_file: str) -> str | None:
+        err = self.node_dir(node) / (Path(probe_file).stem + ".err")
+        return err.read_text(encoding="utf-8", errors="replace") if err.is_file() else None
+
+    # -- job-level files -----------------------------------------------------------------
+    def _optional(self, relative: str) -> Path | None:
+        path = self.path / relative
+        if path.is_file():
+            return path
+        return None
+
+    def metrics(self) -> Reading | None:
+        """Step metrics: ``metrics.jsonl`` when present, else the job's ``train.log``."""
+        for relative, kind in (("metrics.jsonl", "metrics-jsonl"), ("train.log", "training-log")):
+            path = self._optional(relative)
+            if path is None:
+                continue
+            try:
+                return read_evidence(path, kind)
+            except InputError as exc:
+                self.missing.append(f"{relative}: {exc}")
+        return None
+
+    def _records(self, relative: str, kind: str) -> JsonlRecords | None:
+        path = self._optional(relative)
+        if path is None:
+            return None
+        try:
+            return read_evidence(path, kind).result
+        except InputError as exc:
+            self.missing.append(f"{relative}: {exc}")
+            return None
+
+    def ranks(self) -> JsonlRecords | None:
+        return self._records("ranks.jsonl", "ranks-jsonl")
+
+    def batches(self) -> JsonlRecords | None:
+        return self._records("batches.jsonl", "batches-jsonl")
+
+    def reference_batches(self) -> JsonlRecords | None:
+        return self._records("reference/batches.jsonl", "batches-jsonl")
+
+    def checkpoints(self) -> CheckpointList | None:
+        path = self._optional("checkpoints.json")
+        if path is None:
+            return None
+        return bundle_files.parse_checkpoints(path.read_text(encoding="utf-8", errors="replace"))
+
+
+def open_bundle(path: str | Path) -> Bundle:
+    """Open a bundle; BundleError (one line) when it is not a directory or lacks incident.json."""
+    root = Path(path)
+    if not root.exists():
+        raise BundleError(f"{root}: no such bundle")
+    if not root.is_dir():
+        raise BundleError(f"{root}: not a bundle directory")
+    incident_path = root / "incident.json"
+    if not incident_path.is_file():
+        raise BundleError(f"{root}: not a bundle (no incident.json)")
+    try:
+        text = incident_path.read_text(encoding="utf-8", errors="replace")
+    except OSError as exc:
+        raise BundleError(f"{incident_path}: unreadable ({exc.strerror or exc})") from exc
+    incident = bundle_files.parse_incident(text)
+    if not incident.raw:
+        reason = incident.gaps[0].reason if incident.gaps else "empty"
+        raise BundleError(f"{incident_path}: {reason}")
+    if incident.format is not None and not str(incident.format).startswith("spikeops-bundle/1"):
+        raise BundleError(f"{incident_path}: unsupported bundle format {incident.format!r} (this is {BUNDLE_FORMAT})")
+    bundle = Bundle(root, incident)
+    if incident.format is None:
+        bundle.missing.append(f"incident.json: no format field (read as {BUNDLE_FORMAT})")
+    bundle.missing.extend(f"incident.json: {gap.reason}" for gap in incident.gaps)
+    return bundle
+
+
+class BundleWriter:
+    """Writes a bundle; every method is idempotent (rewriting a file replaces it whole)."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+
+    def write_incident(self, incident: Mapping[str, Any]) -> Path:
+        """Write incident.json; ``format`` is filled in, and the spec's required keys checked."""
+        document = dict(incident)
+        document.setdefault("format", BUNDLE_FORMAT)
+        if document["format"] != BUNDLE_FORMAT:
+            raise BundleError(f"refusing to write format {document['format']!r}; this writer is {BUNDLE_FORMAT}")
+        for key in ("incident_id", "job"):
+            if key not in document:
+                raise BundleError(f"incident.json needs {key!r}")
+        target = self.path / "incident.json"
+        atomic_write(target, _json_bytes(document))
+        return target
+
+    def write_probe_output(
+        self,
+        node: str,
+        filename: str,
+        stdout: bytes,
+        stderr: bytes = b"",
+        *,
+        baseline: bool = False,
+    ) -> Path:
+        """Store a probe's raw stdout verbatim (and its stderr beside it when not empty)."""
+        if probe_kind_for(filename) is None:
+            raise BundleError(f"{filename!r} is not a probe file name of the bundle spec")
+        folder = self.path / "nodes" / _check_name("node", node)
+        if baseline:
+            folder = folder / "baseline"
+        _check_name("probe file", filename)
+        target = folder / filename
+        atomic_write(target, stdout)
+        err = folder / (Path(filename).stem + ".err")
+        if stderr:
+            atomic_write(err, stderr)
+        elif err.exists():
+            err.unlink()
+        return target
+
+    def write_probes_json(self, node: str, statuses: Iterable[ProbeStatus]) -> Path:
+        document: dict[str, Any] = {}
+        for status in statuses:
+            if status.error is not None and status.error not in PROBE_ERRORS:
+                raise BundleError(f"probe {status.name!r}: error {status.error!r} is not in the spec")
+            document[status.name] = {
+                "command": status.command,
+                "exit": status.exit,
+                "started": status.started,
+                "seconds": status.seconds,
+                "error": status.error,
+            }
+        target = self.path / "nodes" / _check_name("node", node) / "probes.json"
+        atomic_write(target, _json_bytes(document))
+        return target
+
+    def write_unreachable(self, node: str, probes: Mapping[str, str], seconds: float | None = None) -> Path:
+        """The spec's form for a node that could not be reached: only probes.json, all unreachable."""
+        folder = self.path / "nodes" / _check_name("node", node)
+        if folder.is_dir():
+            for stale in folder.iterdir():
+                if stale.is_file():
+                    stale.unlink()
+        statuses = [ProbeStatus(name, command, None, None, seconds, "unreachable") for name, command in probes.items()]
+        return self.write_probes_json(node, statuses)
+
+    def write_jsonl(self, relative: str, records: Iterable[Mapping[str, Any]]) -> Path:
+        """metrics.jsonl, ranks.jsonl, batches.jsonl, reference/batches.jsonl (NaN as bare tokens)."""
+        if relative not in {"metrics.jsonl", "ranks.jsonl", "batches.jsonl", "reference/batches.jsonl"}:
+            raise BundleError(f"{relative!r} is not a JSONL file of the bundle spec")
+        body = "".join(json.dumps(to_jsonable(record), allow_nan=True) + "\n" for record in records)
+        target = self.path / relative
+        atomic_write(target, body.encode())
+        return target
+
+    def write_checkpoints(self, checkpoints: Iterable[Mapping[str, Any]]) -> Path:
+        target = self.path / "checkpoints.json"
+        atomic_write(target, _json_bytes(list(checkpoints)))
+        return target
+
+    def write_text(self, relative: str, text: str) -> Path:
+        """Other job-level files (train.log, diagnosis.json written elsewhere), verbatim."""
+        parts = Path(relative).parts
+        if not parts or any(part in {"..", ""} or part.startswith("/") for part in parts):
+            raise BundleError(f"unsafe bundle path {relative!r}")
+        target = self.path.joinpath(*parts)
+        atomic_write(target, text.encode())
+        return target

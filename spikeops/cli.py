@@ -1,0 +1,196 @@
+"""The ``spikeops`` command line.
+
+Every failure a user can cause (a missing file, binary data, an unknown kind, a broken
+bundle) ends in one line on stderr and exit status 2; a bug in spikeops ends in one line
+and status 70, with the traceback only when ``SPIKEOPS_DEBUG=1``. Nobody debugging a loss
+spike at 3 a.m. should have to read a Python traceback from their incident tool.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import traceback
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+from spikeops import __version__
+from spikeops.errors import SpikeopsError
+from spikeops.jsonable import to_jsonable
+from spikeops.textio import ReadReport
+
+__all__ = ["main", "build_parser"]
+
+EXIT_OK = 0
+EXIT_USAGE = 2
+EXIT_INTERNAL = 70
+
+
+def _progress_printer(stream: TextIO):
+    """A progress line for long reads, only on an interactive terminal."""
+    if not stream.isatty():
+        return None
+
+    def show(report: ReadReport) -> None:
+        if report.size and not report.compressed:
+            share = min(100.0, 100.0 * report.bytes_read / report.size)
+            stream.write(f"\r  reading {report.path}: {share:5.1f}% ({report.lines:,} lines)")
+        else:
+            stream.write(f"\r  reading {report.path}: {report.lines:,} lines")
+        stream.flush()
+
+    return show
+
+
+def _print_reading(reading: Any, out: TextIO) -> None:
+    how = f"detected, confidence {reading.confidence:.2f}" if reading.detected else "as requested"
+    command = f" (`{reading.kind.command}`)" if reading.kind.command else ""
+    out.write(f"{reading.path}: {reading.kind.name}{command} [{how}]\n")
+    try:
+        summary = reading.kind.summarize(reading.result)
+    except Exception as exc:  # a summary bug must not hide the parse
+        summary = [f"(summary unavailable: {exc})"]
+    for line in summary:
+        out.write(f"  {line}\n")
+    if reading.gaps:
+        out.write(f"  not read ({len(reading.gaps)}):\n")
+        for gap in reading.gaps[:20]:
+            where = f"line {gap.line}: " if gap.line else ""
+            out.write(f"    - {where}{gap.reason}\n")
+        if len(reading.gaps) > 20:
+            out.write(f"    - ... and {len(reading.gaps) - 20} more (see --json)\n")
+
+
+def _reading_json(reading: Any) -> dict[str, Any]:
+    return {
+        "path": reading.path,
+        "kind": reading.kind.name,
+        "command": reading.kind.command,
+        "detected": reading.detected,
+        "confidence": reading.confidence,
+        "result": to_jsonable(reading.result),
+        "gaps": [{"line": gap.line, "reason": gap.reason} for gap in reading.gaps],
+        "read": {
+            "lines": reading.report.lines,
+            "bytes": reading.report.bytes_read,
+            "compressed": reading.report.compressed,
+        },
+    }
+
+
+def _cmd_parse(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    from spikeops.probes import kind_names, registry
+
+    if args.list_kinds:
+        kinds = {kind.name: kind for kind in registry().values()}
+        for name in sorted(kinds):
+            kind = kinds[name]
+            out.write(f"{name:22} {kind.description}\n")
+        return EXIT_OK
+    if not args.file:
+        err.write("spikeops parse: a FILE is required (or --list-kinds)\n")
+        return EXIT_USAGE
+    target = Path(args.file)
+    if target.is_dir() and (target / "incident.json").exists() and args.kind is None:
+        from spikeops.bundle_view import describe_bundle, print_bundle
+
+        description = describe_bundle(target)
+        if args.json:
+            out.write(json.dumps(to_jsonable(description), indent=2, allow_nan=True) + "\n")
+        else:
+            print_bundle(description, out)
+        return EXIT_OK
+    from spikeops.reading import read_evidence
+
+    if args.kind is not None and args.kind not in kind_names():
+        err.write(f"spikeops parse: unknown kind {args.kind!r}; known: {', '.join(kind_names())}\n")
+        return EXIT_USAGE
+    progress = None if args.json else _progress_printer(err)
+    reading = read_evidence(target, args.kind, progress=progress)
+    if progress is not None and reading.report.lines >= 200_000:
+        err.write("\n")
+    if args.json:
+        out.write(json.dumps(_reading_json(reading), indent=2, ensure_ascii=False, allow_nan=True) + "\n")
+    else:
+        _print_reading(reading, out)
+    return EXIT_OK
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="spikeops",
+        description=(
+            "Incident pipeline for loss spikes and NaNs in large GPU training runs: reads the "
+            "evidence real tools print on real nodes, diagnoses it layer by layer (data, numeric, "
+            "communication, hardware), and acts on the scheduler."
+        ),
+        epilog="Exit status: 0 success, 2 bad input (one-line reason on stderr), 70 internal error.",
+    )
+    parser.add_argument("--version", action="version", version=f"spikeops {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    parse = commands.add_parser(
+        "parse",
+        help="show what spikeops reads in a tool-output file, a captured sysfs tree, or a bundle",
+        description=(
+            "Read FILE the way the diagnosis will, and show what was read: the detected kind of "
+            "tool output (nvidia-smi, kernel log with Xid events, ethtool -S, InfiniBand, NCCL, "
+            "training logs, DCGM, Slurm, bundle files), a summary of its values, and every part "
+            "that could not be read. FILE may be gzip-compressed. A directory is read as a "
+            "captured /sys/class/infiniband tree, or as an incident bundle (incident.json inside)."
+        ),
+        epilog=(
+            "Examples:\n"
+            "  spikeops parse nodes/gpu-003/kernel.log\n"
+            "  spikeops parse --kind ethtool ethtool-ib0.txt --json | jq .result.counters\n"
+            "  spikeops parse examples/bundle-xid79\n"
+            "Exit status: 0 read (possibly with gaps), 2 unreadable or unrecognised input."
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parse.add_argument("file", nargs="?", metavar="FILE", help="file, sysfs tree or bundle directory")
+    parse.add_argument("--kind", help="parse as this kind instead of detecting it (see --list-kinds)")
+    parse.add_argument("--json", action="store_true", help="print the full parse as JSON on stdout")
+    parse.add_argument("--list-kinds", action="store_true", help="list the kinds of evidence spikeops reads")
+    parse.set_defaults(handler=_cmd_parse)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None, err: TextIO | None = None) -> int:
+    out = out or sys.stdout
+    err = err or sys.stderr
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if getattr(args, "handler", None) is None:
+        parser.print_help(out)
+        return EXIT_USAGE
+    try:
+        return int(args.handler(args, out, err))
+    except SpikeopsError as exc:
+        err.write(f"spikeops {args.command}: {exc}\n")
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        err.write("\nspikeops: interrupted\n")
+        return 130
+    except BrokenPipeError:
+        # `spikeops parse big.log --json | head`: the reader left; that is not an error.
+        try:
+            sys.stdout = open(os.devnull, "w")  # noqa: SIM115
+        except OSError:
+            pass
+        return EXIT_OK
+    except Exception as exc:  # the last line of defence: never a traceback by default
+        if os.environ.get("SPIKEOPS_DEBUG"):
+            traceback.print_exc(file=err)
+        err.write(
+            f"spikeops {args.command}: internal error: {type(exc).__name__}: {exc} "
+            "(set SPIKEOPS_DEBUG=1 for the traceback and report it)\n"
+        )
+        return EXIT_INTERNAL
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
