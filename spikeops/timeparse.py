@@ -37,7 +37,10 @@ def parse_iso(text: str) -> datetime | None:
         sign = 1 if tz[0] == "+" else -1
         digits = tz[1:].replace(":", "")
         offset = timedelta(hours=int(digits[:2]), minutes=int(digits[2:]))
-        moment = moment - sign * offset
+        try:
+            moment = moment - sign * offset
+        except OverflowError:  # year 1 or 9999 shifted past the calendar's edge
+            return None
     return moment.replace(tzinfo=UTC)
 
 

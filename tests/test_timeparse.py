@@ -39,3 +39,8 @@ def test_iso_writes_z():
 def test_invalid_dates_are_none_not_errors():
     assert parse_iso("2026-02-30T00:00:00") is None
     assert parse_ctime("Sun Feb 30 16:24:18 2025") is None
+
+
+def test_calendar_edges_are_none_not_overflow():
+    assert parse_iso("9999-12-31T23:59:59-01:00") is None
+    assert parse_iso("0001-01-01T00:00:00+01:00") is None
