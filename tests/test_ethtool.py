@@ -54,3 +54,12 @@ def test_error_output_is_a_gap():
 def test_never_raises(text):
     result = ethtool.parse(text)
     assert isinstance(result.counters, dict)
+
+
+def test_to_number_refuses_absurd_digit_runs():
+    from spikeops.probes.base import to_number
+
+    assert to_number("9" * 5000) is None
+    assert to_number("1,234") == 1234
+    assert to_number("N/A") is None
+    assert to_number("-2.5") == -2.5

@@ -16,7 +16,7 @@ from datetime import datetime
 from typing import Any
 
 from spikeops.probes.base import Gap, Kind, LineSource, clip, join_text, numbered_lines, register
-from spikeops.timeparse import parse_any
+from spikeops.timeparse import iso, parse_any
 
 __all__ = [
     "BUNDLE_FORMAT",
@@ -77,6 +77,19 @@ def _read_int(value: Any) -> int | None:
 def _loads(text: str) -> Any:
     # Python's json accepts NaN/Infinity/-Infinity, which the spec allows in metrics files.
     return json.loads(text)
+
+
+def _document(source: LineSource, expected: type, what: str, gaps: list[Gap]) -> Any:
+    """A whole JSON document of the expected type, or None with the reason in ``gaps``."""
+    try:
+        raw = _loads(join_text(source))
+    except (json.JSONDecodeError, RecursionError) as exc:
+        gaps.append(Gap(f"{what} is not valid JSON: {exc}"))
+        return None
+    if not isinstance(raw, expected):
+        gaps.append(Gap(f"{what} is not a JSON {'object' if expected is dict else 'list'}"))
+        return None
+    return raw
 
 
 # --- incident.json ----------------------------------------------------------------------
@@ -182,13 +195,8 @@ def _parse_job(raw: Any, gaps: list[Gap]) -> Job:
 def parse_incident(source: LineSource) -> Incident:
     """incident.json; a missing or foreign ``format`` is a gap the bundle reader acts on."""
     gaps: list[Gap] = []
-    try:
-        raw = _loads(join_text(source))
-    except (json.JSONDecodeError, RecursionError) as exc:
-        gaps.append(Gap(f"incident.json is not valid JSON: {exc}"))
-        return Incident(None, None, None, {}, Job(), None, {}, gaps)
-    if not isinstance(raw, dict):
-        gaps.append(Gap("incident.json is not a JSON object"))
+    raw = _document(source, dict, "incident.json", gaps)
+    if raw is None:
         return Incident(None, None, None, {}, Job(), None, {}, gaps)
     window_raw = raw.get("window")
     window = None
@@ -240,13 +248,8 @@ class ProbesFile:
 
 def parse_probes(source: LineSource) -> ProbesFile:
     result = ProbesFile()
-    try:
-        raw = _loads(join_text(source))
-    except (json.JSONDecodeError, RecursionError) as exc:
-        result.gaps.append(Gap(f"probes.json is not valid JSON: {exc}"))
-        return result
-    if not isinstance(raw, dict):
-        result.gaps.append(Gap("probes.json is not a JSON object"))
+    raw = _document(source, dict, "probes.json", result.gaps)
+    if raw is None:
         return result
     for name, entry in raw.items():
         if not isinstance(entry, dict):
@@ -385,13 +388,8 @@ class CheckpointList:
 
 def parse_checkpoints(source: LineSource) -> CheckpointList:
     result = CheckpointList()
-    try:
-        raw = _loads(join_text(source))
-    except (json.JSONDecodeError, RecursionError) as exc:
-        result.gaps.append(Gap(f"checkpoints.json is not valid JSON: {exc}"))
-        return result
-    if not isinstance(raw, list):
-        result.gaps.append(Gap("checkpoints.json is not a JSON list"))
+    raw = _document(source, list, "checkpoints.json", result.gaps)
+    if raw is None:
         return result
     for index, entry in enumerate(raw):
         if not isinstance(entry, dict):
@@ -469,12 +467,12 @@ def _detect_checkpoints(sample: str) -> float:
 def summarize_incident(incident: Incident) -> list[str]:
     job = incident.job
     lines = [
-        f"incident {incident.incident_id} ({incident.format}), created {incident.created}",
+        f"incident {incident.incident_id} ({incident.format}), created {iso(incident.created)}",
         f"job {job.id} {job.name or ''} on {job.scheduler}: {len(job.nodes)} node(s), "
         f"{job.gpus_per_node} GPU(s) per node",
     ]
     if incident.window:
-        lines.append(f"window {incident.window.start} .. {incident.window.end}")
+        lines.append(f"window {iso(incident.window.start)} .. {iso(incident.window.end)}")
     if job.resumed_from:
         lines.append(f"resumed from step {job.resumed_from.step} ({job.resumed_from.path})")
     return lines

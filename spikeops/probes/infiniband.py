@@ -849,8 +849,13 @@ def summarize_counters(result: IbCounters) -> list[str]:
     congestion counters (absolute values: growth is judged against the baseline)."""
     ports = result.ports
     active = [p for p in ports if p.active]
-    lines = [f"{len(ports)} ports on {len({p.device for p in ports})} devices, {len(active)} Active/LinkUp"]
-    for port in ports:
+    with_state = [p for p in ports if p.state is not None]
+    head = f"{len(ports)} ports on {len({p.device for p in ports})} devices"
+    # The bundle's probe greps counters only: no state files, so no claim about link state.
+    if with_state:
+        head += f", {len(active)} of {len(with_state)} with a state Active/LinkUp"
+    lines = [head]
+    for port in with_state:
         lines.append(
             f"  {port.device} port {port.port}: {port.state}/{port.phys_state} "
             f"{port.attributes.get('rate', '?')} {port.link_layer or '?'}"
