@@ -377,14 +377,13 @@ _E = TypeVar("_E", XidEvent, SXidEvent, GpuLostEvent)
 #: Every line of the head is read in full, so the log's timestamp format and its unstamped
 #: lines are known; after that only lines that can hold or continue a GPU event are.
 _FULL_READ_LINES = 2000
-#: Substrings every event line holds (Xid and GPU-lost lines start "NVRM:", probe failures
-#: "nvidia", SXids come from "nvidia-nvswitch"); plain `in` tests are ~20x cheaper than
-#: reading the line's timestamp.
-_EVENT_MARKERS = ("NVRM", "nvidia", "SXid", "Xid")
+#: Substrings every event line holds: Xid and GPU-lost lines carry "NVRM", SXids "SXid",
+#: probe failures "nvidia: probe of ..." / "... probe with driver nvidia failed". Plain `in`
+#: tests are ~20x cheaper than reading the line's timestamp.
 
 
 def _could_matter(raw: str, pending: bool) -> bool:
-    if any(marker in raw for marker in _EVENT_MARKERS):
+    if "NVRM" in raw or "Xid" in raw or "probe" in raw:
         return True
     # An indented (possibly quoted) line may continue the pending record.
     return pending and (raw[:1].isspace() or raw.startswith(">"))
