@@ -15,14 +15,17 @@ NOISE = ("kern  :info  : 2026-11-29T17:{m:02d}:{s:02d},{u:06d}+00:00 mlx5_core 0
 XID = ("kern  :warn  : 2026-11-29T18:00:58,123480+00:00 NVRM: Xid (PCI:0000:5d:00): 79, "
        "pid='<unknown>', name=<unknown>, GPU has fallen off the bus.\n")
 
+# Peak RSS from /proc/self/status (VmHWM): ru_maxrss would also count the pytest process this
+# child was forked from, since Linux carries maxrss across exec.
 MEASURE = (
-    "import io, json, resource, sys\n"
+    "import io, json, sys\n"
     "from spikeops.cli import main\n"
     "out = io.StringIO()\n"
     "code = main(['parse', '--json', '--kind', 'kernel-log', sys.argv[1]], out=out, err=sys.stderr)\n"
     "doc = json.loads(out.getvalue())\n"
     "print(json.dumps({'code': code, 'xids': len(doc['result']['xids']), 'lines': doc['read']['lines'],\n"
-    "                  'rss_mib': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))\n"
+    "                  'rss_mib': [int(l.split()[1]) for l in open('/proc/self/status')\n"
+    "                              if l.startswith('VmHWM:')][0] / 1024}))\n"
 )
 
 
