@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import TextIO
 
 from spikeops.bundle import Bundle, open_bundle
-from spikeops.errors import InputError
+from spikeops.errors import BundleError, InputError
+from spikeops.probes.base import clip
 from spikeops.probes.bundle_files import summarize_incident
 from spikeops.reading import Reading, read_evidence
 
@@ -78,6 +79,17 @@ def _job_files(bundle: Bundle, missing: list[str]) -> list[FileView]:
     return views
 
 
+def _stderr_hint(bundle: Bundle, node: str, probe: str) -> str:
+    """The first line a failed probe printed on stderr: often the only trace of a lost GPU
+    (``Unable to determine the device handle for GPU0000:5D:00.0: Unknown Error``)."""
+    try:
+        err = bundle.stderr_of(node, f"{probe}.txt")
+    except BundleError:
+        return ""
+    first = next((line.strip() for line in (err or "").splitlines() if line.strip()), "")
+    return f" ({clip(first, 160)})" if first else ""
+
+
 def _node_view(bundle: Bundle, node: str, missing: list[str]) -> NodeView:
     probes = bundle.probes(node)
     view = NodeView(
@@ -91,7 +103,7 @@ def _node_view(bundle: Bundle, node: str, missing: list[str]) -> NodeView:
     missing.extend(f"nodes/{node}/probes.json: {gap.reason}" for gap in probes.gaps)
     for name, status in probes.probes.items():
         if status.error is not None:
-            missing.append(f"nodes/{node}/{name}: {status.error}")
+            missing.append(f"nodes/{node}/{name}: {status.error}{_stderr_hint(bundle, node, name)}")
     for baseline, target in ((False, view.files), (True, view.baseline)):
         for path in bundle.probe_files(node, baseline=baseline):
             relative = f"nodes/{node}/{'baseline/' if baseline else ''}{path.name}"

@@ -20,6 +20,7 @@ from typing import Any, TextIO
 from spikeops import __version__
 from spikeops.errors import SpikeopsError
 from spikeops.jsonable import to_jsonable
+from spikeops.probes.base import clip
 from spikeops.textio import ReadReport
 
 __all__ = ["main", "build_parser"]
@@ -47,7 +48,7 @@ def _progress_printer(stream: TextIO):
 
 def _print_reading(reading: Any, out: TextIO) -> None:
     how = f"detected, confidence {reading.confidence:.2f}" if reading.detected else "as requested"
-    command = f" (`{reading.kind.command}`)" if reading.kind.command else ""
+    command = f" (`{clip(reading.kind.command, 60)}`)" if reading.kind.command else ""
     out.write(f"{reading.path}: {reading.kind.name}{command} [{how}]\n")
     try:
         summary = reading.kind.summarize(reading.result)

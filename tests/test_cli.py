@@ -84,7 +84,8 @@ def test_bundle_directory_is_described():
     assert "incident inc-20261129T180312Z-4412" in out
     assert "node gpu-004: UNREACHABLE" in out
     assert "nodes/gpu-004: unreachable" in out
-    assert "nodes/gpu-003/nvidia-smi-q: command-failed" in out
+    assert ("nodes/gpu-003/nvidia-smi-q: command-failed (Unable to determine the device handle "
+            "for GPU0000:5D:00.0: Unknown Error)") in out
 
 
 def test_bundle_json(tmp_path):
