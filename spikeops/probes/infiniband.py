@@ -135,38 +135,33 @@ _UNKNOWN_WORDS = {"", "???", "<unknown>", "unknown", "n/a", "na"}
 _CODE_WORD = re.compile(r"^\s*(?:(?P<code>\d+)\s*:\s*)?(?P<word>.*?)\s*$")
 
 
+def _normalise(text: str | None, codes: dict[int, str], by_word: Callable[[str], str]) -> str | None:
+    """``4: ACTIVE`` / ``ACTIVE`` / ``4`` -> the canonical word; an unknown word stays as printed."""
+    if text is None:
+        return None
+    match = _CODE_WORD.match(text)
+    if not match:
+        return None
+    word = match["word"]
+    if word.isdigit():
+        return codes.get(int(word), word)
+    if word.lower() in _UNKNOWN_WORDS:
+        return codes.get(int(match["code"])) if match["code"] else None
+    return by_word(word)
+
+
 def normalise_state(text: str | None) -> str | None:
     """``4: ACTIVE`` (sysfs, ibstatus), ``ACTIVE`` or ``Active`` (ibstat) -> ``Active``.
 
     One vocabulary across tools lets the diagnosis ask "is it Active" once; an unknown word
     is kept as printed so nothing new is silently mapped to a wrong state.
     """
-    if text is None:
-        return None
-    match = _CODE_WORD.match(text)
-    if not match:
-        return None
-    word = match["word"]
-    if word.isdigit():
-        return _STATE_CODES.get(int(word), word)
-    if word.lower() in _UNKNOWN_WORDS:
-        return _STATE_CODES.get(int(match["code"])) if match["code"] else None
-    return _STATE_WORDS.get(word.upper().replace(" ", "_"), word)
+    return _normalise(text, _STATE_CODES, lambda word: _STATE_WORDS.get(word.upper().replace(" ", "_"), word))
 
 
 def normalise_phys_state(text: str | None) -> str | None:
     """``5: LinkUp`` / ``LinkUp`` -> ``LinkUp``; ``Phy Test`` -> ``PhyTest``."""
-    if text is None:
-        return None
-    match = _CODE_WORD.match(text)
-    if not match:
-        return None
-    word = match["word"]
-    if word.isdigit():
-        return _PHYS_CODES.get(int(word), word)
-    if word.lower() in _UNKNOWN_WORDS:
-        return _PHYS_CODES.get(int(match["code"])) if match["code"] else None
-    return _PHYS_WORDS.get(word.replace(" ", "").lower(), word)
+    return _normalise(text, _PHYS_CODES, lambda word: _PHYS_WORDS.get(word.replace(" ", "").lower(), word))
 
 
 _RATE = re.compile(r"^\s*(?P<gbps>\d+(?:\.\d+)?)\s*(?:Gb/sec)?\s*(?:\((?P<text>[^)]*)\))?\s*$")

@@ -51,6 +51,7 @@ from spikeops.probes.base import (
 from spikeops.timeparse import parse_ctime, parse_iso
 
 __all__ = [
+    "CLOCK_REASON_BITS",
     "EccCounts",
     "RetiredPages",
     "RemappedRows",
@@ -634,8 +635,9 @@ def _reason_key(name: str) -> str:
     return _REASON_ALIASES.get(key, key)
 
 
-#: NVML's clocks event reason bits, for the CSV's ``clocks_event_reasons.active`` mask.
-_REASON_BITS = {
+#: NVML's clocks event reason bits (nvml.h ``nvmlClocksEventReason*``), for the CSV's
+#: ``clocks_event_reasons.active`` mask and the NVML probe.
+CLOCK_REASON_BITS = {
     "gpu_idle": 0x1,
     "applications_clocks_setting": 0x2,
     "sw_power_cap": 0x4,
@@ -1552,7 +1554,7 @@ def _reasons_from_mask(gpu: GpuStatus, mask: str | None) -> None:
         bits = int(mask, 16) if mask.lower().startswith("0x") else int(mask)
     except ValueError:
         return
-    for name, bit in _REASON_BITS.items():
+    for name, bit in CLOCK_REASON_BITS.items():
         gpu.clock_event_reasons.setdefault(name, bool(bits & bit))
 
 

@@ -22,6 +22,7 @@ from typing import Any
 
 from spikeops.probes.base import Gap, Kind, LineSource, join_text, register
 from spikeops.probes.nvidia_smi import (
+    CLOCK_REASON_BITS,
     EccCounts,
     GpuStatus,
     NvidiaSmiReport,
@@ -33,24 +34,9 @@ from spikeops.probes.nvidia_smi import (
 )
 from spikeops.timeparse import iso, parse_any
 
-__all__ = ["NVML_FORMAT", "CLOCK_REASON_BITS", "collect", "parse", "detect", "KIND"]
+__all__ = ["NVML_FORMAT", "collect", "parse", "detect", "KIND"]
 
 NVML_FORMAT = "spikeops-nvml/1"
-
-#: NVML's clocks-event reason bits (nvml.h ``nvmlClocksEventReason*``) under the same keys the
-#: nvidia-smi parsers use, so a thermal slowdown reads the same from every source.
-CLOCK_REASON_BITS: dict[str, int] = {
-    "gpu_idle": 0x1,
-    "applications_clocks_setting": 0x2,
-    "sw_power_cap": 0x4,
-    "hw_slowdown": 0x8,
-    "sync_boost": 0x10,
-    "sw_thermal_slowdown": 0x20,
-    "hw_thermal_slowdown": 0x40,
-    "hw_power_brake_slowdown": 0x80,
-    "display_clock_setting": 0x100,
-}
-
 
 # ----------------------------------------------------------------------------- probe (I/O)
 
