@@ -12,6 +12,12 @@ import os
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
+
+# Parsers are fuzzed on a 2-core CI machine: a slow first example (imports, pandas) must not
+# turn into a flaky DeadlineExceeded. Correctness, not speed, is what the fuzz tests assert.
+settings.register_profile("spikeops", deadline=None)
+settings.load_profile("spikeops")
 
 ROOT = Path(__file__).resolve().parents[1]
 TESTS = ROOT / "tests"
