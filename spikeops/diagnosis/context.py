@@ -1,0 +1,152 @@
+"""What every rule sees: the bundle's facts, the symptom, and the steps around the trouble.
+
+Rules are small pure functions of a ``Context``; they return findings and may add a
+"ruled out" line (what they checked and found clean) or a "missing" line (what they could
+not check). The per-rank and batch windows are loaded once here, for the steps that matter.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import pandas as pd
+
+from spikeops.diagnosis.evidence import (
+    BundleFacts,
+    MetricsTable,
+    NodeFacts,
+    batch_records,
+    rank_records,
+    read_jsonl_window,
+)
+from spikeops.diagnosis.model import EvidenceLine, RuledOut
+from spikeops.diagnosis.symptom import SymptomResult
+from spikeops.probes.base import clip
+from spikeops.probes.bundle_files import BatchRecord, RankRecord
+
+__all__ = ["Context", "build_context", "RANK_WINDOW_BEFORE", "RANK_WINDOW_AFTER"]
+
+#: Steps of per-rank rows read before the onset (the peers' normal) and after the spike.
+RANK_WINDOW_BEFORE = 40
+RANK_WINDOW_AFTER = 10
+#: Reference batches compared after a resume (enough to tell a changed order for sure).
+REFERENCE_STEPS = 500
+
+
+@dataclass
+class Context:
+    facts: BundleFacts
+    symptom: SymptomResult
+    ranks: list[RankRecord] = field(default_factory=list)
+    batches: list[BatchRecord] = field(default_factory=list)
+    reference: list[BatchRecord] = field(default_factory=list)
+    reference_present: bool = False
+    ruled_out: list[RuledOut] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)
+
+    # -- job ---------------------------------------------------------------------------
+    @property
+    def job(self) -> Any:
+        return self.facts.incident.job
+
+    @property
+    def metrics(self) -> MetricsTable | None:
+        return self.facts.metrics
+
+    @property
+    def nodes(self) -> list[NodeFacts]:
+        return self.facts.nodes
+
+    @property
+    def reachable(self) -> list[NodeFacts]:
+        return [node for node in self.facts.nodes if not node.unreachable]
+
+    def node_of_rank(self, rank: int | None) -> str | None:
+        return None if rank is None else self.job.node_of_rank(rank)
+
+    # -- time ----------------------------------------------------------------------------
+    def in_window(self, moment: datetime | None) -> bool | None:
+        window = self.facts.incident.window
+        if window is None:
+            return None
+        return window.contains(moment)
+
+    def step_at(self, moment: datetime | None) -> int | None:
+        return self.metrics.step_at_or_after(moment) if self.metrics is not None and moment else None
+
+    # -- steps ---------------------------------------------------------------------------
+    @property
+    def spike(self) -> int | None:
+        return self.symptom.spike_step
+
+    @property
+    def onset(self) -> int | None:
+        return self.symptom.onset_step
+
+    def trouble_steps(self) -> tuple[int, int] | None:
+        """[onset, spike]: the steps whose batches and ranks can hold the cause."""
+        if self.spike is None:
+            return None
+        return (min(self.onset or self.spike, self.spike), self.spike)
+
+    def metric_line(self, step: int | None, why: str = "") -> EvidenceLine | None:
+        if self.metrics is None or step is None or step not in self.metrics.frame.index:
+            return None
+        row = self.metrics.frame.loc[step]
+        parts = [f"step {step}"]
+        for column in ("loss", "grad_norm", "lr", "loss_scale", "throughput"):
+            value = row.get(column)
+            if column == "loss" and bool(row.get("loss_bad")):
+                parts.append("loss non-finite")
+            elif value is not None and pd.notna(value):
+                parts.append(f"{column} {value:.6g}")
+        text = ", ".join(parts) + (f" ({why})" if why else "")
+        return EvidenceLine(self.metrics.file, int(row["line"]), clip(text))
+
+    # -- ranks ---------------------------------------------------------------------------
+    def ranks_by_step(self) -> dict[int, list[RankRecord]]:
+        grouped: dict[int, list[RankRecord]] = defaultdict(list)
+        for record in self.ranks:
+            grouped[record.step].append(record)
+        return grouped
+
+
+def build_context(facts: BundleFacts, symptom: SymptomResult) -> Context:
+    """Load the per-rank, batch and reference windows the rules need, once."""
+    context = Context(facts, symptom)
+    root = facts.path
+    trouble = context.trouble_steps()
+    if trouble is not None:
+        low, high = trouble[0] - RANK_WINDOW_BEFORE, trouble[1] + RANK_WINDOW_AFTER
+        for name, target, reader in (("ranks.jsonl", "ranks", rank_records), ("batches.jsonl", "batches", batch_records)):
+            path = root / name
+            if not path.is_file():
+                context.missing.append(f"{name}: absent ({'per-rank' if name.startswith('ranks') else 'batch'} checks skipped)")
+                continue
+            try:
+                rows, notes = read_jsonl_window(path, low, high)
+            except (OSError, ValueError) as exc:
+                context.missing.append(f"{name}: unreadable ({exc})")
+                continue
+            context.missing.extend(notes)
+            setattr(context, target, reader(rows))
+            if not rows:
+                context.missing.append(f"{name}: no rows for steps {low}..{high}")
+    resumed = facts.incident.job.resumed_from
+    reference = root / "reference" / "batches.jsonl"
+    if resumed is not None and resumed.step is not None and reference.is_file():
+        context.reference_present = True
+        low = resumed.step + 1
+        rows, notes = read_jsonl_window(reference, low, low + REFERENCE_STEPS)
+        context.missing.extend(notes)
+        context.reference = batch_records(rows)
+        if context.reference and (root / "batches.jsonl").is_file():
+            steps = {record.step for record in context.reference}
+            rows, _ = read_jsonl_window(root / "batches.jsonl", min(steps), max(steps))
+            current = batch_records(rows)
+            known = {(record.step, record.rank) for record in context.batches}
+            context.batches.extend(record for record in current if (record.step, record.rank) not in known)
+    return context

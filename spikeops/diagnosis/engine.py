@@ -1,0 +1,210 @@
+"""The engine: run the layers in the seed's order, weigh the findings, name the cause.
+
+Weighing encodes the framework's judgments, not a tuning of scores:
+
+- data before numeric: when the data layer holds a finding, numeric findings are capped
+  below it (a bad sample makes the grad norm explode; the explosion is the symptom);
+- a rank that departs because of a bad batch is explained by that batch; a rank whose node
+  has hardware evidence departs because of its GPU, not its data;
+- communication errors that come with a hardware fault in the window are its consequence
+  (one dead GPU stalls every collective);
+- a resumed-from checkpoint that does not verify explains the divergence after it.
+
+Only findings that convict, with confidence >= 0.5, put nodes in ``culprit_nodes``;
+thermal throttling convicts only when it is itself the primary cause.
+"""
+
+from __future__ import annotations
+
+import os
+import traceback
+from pathlib import Path
+from typing import Any
+
+from spikeops.diagnosis import checkpoint, communication, data, hardware, numeric
+from spikeops.diagnosis.actions import plan_actions
+from spikeops.diagnosis.context import Context, build_context
+from spikeops.diagnosis.evidence import BundleFacts, load_bundle
+from spikeops.diagnosis.model import LAYERS, Diagnosis, EvidenceLine, Finding
+from spikeops.diagnosis.symptom import classify
+
+__all__ = ["diagnose", "diagnose_facts", "ALL_RULES", "PRIMARY_THRESHOLD"]
+
+ALL_RULES = (*data.RULES, *numeric.RULES, *communication.RULES, *hardware.RULES, *checkpoint.RULES)
+#: A finding must reach this confidence to be the primary cause or to convict nodes.
+PRIMARY_THRESHOLD = 0.5
+#: When nothing holds, the symptom's most likely direction (the seed's table), said weakly.
+_FALLBACK = {
+    "instant_nan": ("numeric", "grad_explosion"),
+    "single_spike": ("data", "corrupted_sample"),
+    "spike_no_recovery": ("numeric", "lr_too_high"),
+    "creeping_increase": ("data", "rng_not_restored"),
+}
+
+
+def _run(rule: Any, ctx: Context) -> list[Finding]:
+    try:
+        return list(rule(ctx))
+    except Exception as exc:  # one broken rule must not lose the diagnosis
+        if os.environ.get("SPIKEOPS_DEBUG"):
+            traceback.print_exc()
+        ctx.missing.append(f"rule {rule.__name__} failed ({type(exc).__name__}: {exc}); its layer is partly unchecked")
+        return []
+
+
+def _cap(finding: Finding, ceiling: float, why: str) -> None:
+    if finding.confidence > ceiling:
+        finding.confidence = ceiling
+        finding.summary += f" ({why})"
+
+
+def _weigh(findings: list[Finding]) -> None:
+    holds = [f for f in findings if f.confidence >= PRIMARY_THRESHOLD]
+    sample_ranks = {r for f in holds if f.cause in ("overlong_sample", "corrupted_sample") for r in f.ranks}
+    hw_nodes = {n for f in holds if f.layer == "hardware" and f.convicts and f.cause != "thermal_throttle" for n in f.nodes}
+    for finding in findings:
+        if finding.cause == "rank_data_misalignment":
+            if set(finding.ranks) & sample_ranks:
+                _cap(finding, 0.45, "explained by its batch")
+            elif set(finding.nodes) & hw_nodes:
+                _cap(finding, 0.3, "its node has hardware evidence: the GPU, not the data")
+    checkpoint_top = max((f.confidence for f in findings if f.cause == "corrupted_checkpoint"), default=0.0)
+    data_top = max((f.confidence for f in findings if f.layer == "data"), default=0.0)
+    explaining = max(data_top, checkpoint_top)
+    for finding in findings:
+        if finding.layer == "numeric" and explaining >= PRIMARY_THRESHOLD:
+            _cap(finding, explaining - 0.15, "a consequence of the data or checkpoint finding, checked first")
+        if finding.cause == "nccl_error" and hw_nodes:
+            _cap(finding, 0.4, "downstream of the hardware fault")
+        if finding.layer == "data" and finding.cause != "rng_not_restored" and checkpoint_top >= 0.8:
+            _cap(finding, checkpoint_top - 0.1, "after a resume from a corrupted checkpoint")
+
+
+def _order(finding: Finding) -> tuple[float, int]:
+    return (-finding.confidence, LAYERS.index(finding.layer))
+
+
+def _metrics_evidence(ctx: Context, steps: list[int | None], why: str) -> list[EvidenceLine]:
+    return [line for line in (ctx.metric_line(step, why) for step in steps) if line is not None]
+
+
+def _false_alarm(ctx: Context, weak: bool) -> Finding:
+    frame = ctx.metrics.frame if ctx.metrics is not None else None
+    evidence = []
+    if frame is not None and len(frame):
+        evidence = _metrics_evidence(ctx, [int(frame.index[0]), int(frame.index[-1])], "no anomaly in between")
+    notes = f"; {ctx.symptom.notes[0]}" if ctx.symptom.notes else ""
+    return Finding(
+        layer="none", cause="false_alarm", confidence=0.6 if weak else 0.85,
+        summary=("the metrics show nothing anomalous" if frame is not None else "no step metrics to judge") + notes,
+        evidence=evidence,
+    )
+
+
+def _fallback(ctx: Context) -> Finding:
+    layer, cause = _FALLBACK[ctx.symptom.symptom]
+    return Finding(
+        layer=layer, cause=cause, confidence=0.2,
+        summary=f"no direct evidence for any cause; {cause.replace('_', ' ')} is the most likely direction for "
+                f"{ctx.symptom.symptom.replace('_', ' ')} (seed table): collect more evidence",
+        step=ctx.spike, evidence=_metrics_evidence(ctx, [ctx.spike], "spike"),
+    )
+
+
+def _resume_point(facts: BundleFacts, onset: int | None) -> dict[str, Any] | None:
+    if onset is None or not facts.checkpoints:
+        return None
+    good = [c for c in facts.checkpoints if c.verified is True and c.step is not None and c.step < onset]
+    if not good:
+        return None
+    best = max(good, key=lambda c: c.step)
+    return {"step": best.step, "path": best.path}
+
+
+def _dedupe(items: list[Any]) -> list[Any]:
+    seen, out = set(), []
+    for item in items:
+        key = repr(item)
+        if key not in seen:
+            seen.add(key)
+            out.append(item)
+    return out
+
+
+def diagnose_facts(facts: BundleFacts) -> Diagnosis:
+    """The diagnosis of an already-loaded bundle (pure over ``facts``)."""
+    frame = facts.metrics.frame if facts.metrics is not None else None
+    focus = None
+    window = facts.incident.window
+    if facts.metrics is not None and window is not None and window.start is not None:
+        focus = facts.metrics.step_at_or_after(window.start)
+        if focus is None:
+            focus = int(frame.index[-1]) + 1 if frame["time"].notna().any() else None
+    symptom = classify(frame, focus)
+    ctx = build_context(facts, symptom)
+    findings = [finding for rule in ALL_RULES for finding in _run(rule, ctx)]
+    _weigh(findings)
+    findings.sort(key=_order)
+
+    holding = [f for f in findings if f.confidence >= PRIMARY_THRESHOLD]
+    if symptom.symptom == "none" and not holding:
+        primary = _false_alarm(ctx, weak=bool(findings))
+        findings.insert(0, primary)
+    elif holding:
+        primary = holding[0]
+    elif findings:
+        primary = findings[0]
+    else:
+        primary = _fallback(ctx)
+        findings.insert(0, primary)
+    if primary is not findings[0]:
+        findings.remove(primary)
+        findings.insert(0, primary)
+
+    convicting = [f for f in findings if f.convicts and f.confidence >= PRIMARY_THRESHOLD
+                  and (f.cause != "thermal_throttle" or primary.cause == "thermal_throttle")]
+    culprit_nodes = sorted({node for f in convicting for node in f.nodes})
+    if primary.layer == "data":
+        culprit_ranks = sorted(set(primary.ranks))
+    else:
+        culprit_ranks = sorted({rank for f in convicting for rank in f.ranks} | set(primary.ranks))
+
+    if primary.cause == "false_alarm":
+        onset = None
+    elif primary.cause in ("rng_not_restored", "corrupted_checkpoint") and primary.onset_step is not None:
+        onset = primary.onset_step
+    else:
+        candidates = [symptom.onset_step, primary.onset_step] + [f.onset_step for f in convicting]
+        known = [step for step in candidates if step is not None]
+        onset = min(known) if known else None
+    resume_from = _resume_point(facts, onset)
+    corrupt = None
+    if primary.cause == "corrupted_checkpoint":
+        entry = checkpoint.resumed_checkpoint(ctx)
+        if entry is not None:
+            corrupt = {"step": entry.step, "path": entry.path}
+    actions = plan_actions(symptom.symptom, primary, findings, culprit_nodes, resume_from, corrupt)
+
+    ruled_out = _dedupe(ctx.ruled_out)
+    missing = _dedupe(facts.missing + ctx.missing)
+    if resume_from is None and onset is not None and facts.checkpoints:
+        missing.append(f"checkpoints.json: no verified checkpoint before the onset step {onset}")
+    return Diagnosis(
+        symptom=symptom.symptom,
+        spike_step=symptom.spike_step,
+        onset_step=onset,
+        primary=primary,
+        culprit_nodes=culprit_nodes,
+        culprit_ranks=culprit_ranks,
+        findings=findings,
+        ruled_out=ruled_out,
+        missing=missing,
+        actions=actions,
+        resume_from=resume_from,
+    )
+
+
+def diagnose(path: str | Path, *, workers: int | None = None) -> Diagnosis:
+    """Read a bundle and diagnose it (BundleError, one line, when it cannot be read at all)."""
+    return diagnose_facts(load_bundle(path, workers=workers))
+

@@ -1,0 +1,529 @@
+"""Loading a bundle into what the rules judge: the step table, per-rank windows, node facts.
+
+This is the diagnosis's only I/O. It is also where the time goes on a 256-node incident, so:
+step metrics are read with orjson into columns (not one object per step); per-rank and batch
+files are read only for the steps around the trouble (binary search by byte offset when the
+file is in step order, as the spec writes it); nodes are parsed in parallel worker processes;
+and a baseline byte-identical to the current capture is not parsed twice (no growth).
+
+Everything unreadable becomes a line in ``missing`` in the spec's wording; nothing raises
+past ``load_bundle`` except BundleError for a bundle that cannot be opened at all.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import mmap
+import os
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+import pandas as pd
+
+from spikeops.bundle import Bundle, open_bundle
+from spikeops.errors import InputError
+from spikeops.probes.bundle_files import (
+    BatchRecord,
+    Checkpoint,
+    Incident,
+    ProbeStatus,
+    RankRecord,
+    parse_checkpoints,
+    parse_probes,
+    read_float,
+)
+from spikeops.probes.base import clip
+from spikeops.reading import read_evidence
+
+__all__ = [
+    "MetricsTable",
+    "NodeFacts",
+    "BundleFacts",
+    "load_bundle",
+    "load_metrics",
+    "load_node",
+    "read_jsonl_window",
+    "rank_records",
+    "batch_records",
+]
+
+METRIC_COLUMNS = ("loss", "grad_norm", "lr", "loss_scale", "throughput")
+
+
+@dataclass
+class MetricsTable:
+    """One row per step (later runs win over re-logged steps), indexed by step.
+
+    Columns: ``loss``, ``grad_norm``, ``lr``, ``loss_scale``, ``throughput`` (float, NaN when
+    absent *or* non-finite), ``loss_bad`` / ``grad_bad`` (a value was logged and it was
+    non-finite: a NaN loss is not a missing loss), ``skipped`` (bool), ``time`` (UTC,
+    NaT when unknown), ``line`` (line in ``file``, for evidence).
+    """
+
+    frame: pd.DataFrame
+    file: str
+    gaps: list[str] = field(default_factory=list)
+
+    def line_of(self, step: int | None) -> int | None:
+        if step is None or step not in self.frame.index:
+            return None
+        return int(self.frame.at[step, "line"])
+
+    def step_at_or_after(self, moment: Any) -> int | None:
+        """The first step logged at or after ``moment`` (spec: a hardware event's step)."""
+        if moment is None or "time" not in self.frame:
+            return None
+        times = self.frame["time"]
+        stamp = pd.Timestamp(moment)
+        hits = times.index[(times >= stamp).to_numpy()]
+        return int(hits[0]) if len(hits) else None
+
+
+def _later_run_wins(steps: np.ndarray) -> np.ndarray:
+    """Rows kept when a resumed run re-logs steps: a row survives only if every later row
+    (in file order) has a larger step, so the newest run supersedes all it re-covered."""
+    if len(steps) == 0:
+        return np.zeros(0, dtype=bool)
+    suffix_min = np.minimum.accumulate(steps[::-1])[::-1]
+    after = np.append(suffix_min[1:], np.iinfo(np.int64).max)
+    return steps < after
+
+
+def _value(raw: Any) -> tuple[float, bool]:
+    """(value, non-finite-was-logged) from a JSON value; absent -> (nan, False)."""
+    if raw is None or isinstance(raw, bool):
+        return math.nan, False
+    if isinstance(raw, int | float):
+        value = float(raw)
+    else:
+        parsed = read_float(raw)
+        if parsed is None:
+            return math.nan, False
+        value = parsed
+    if math.isfinite(value):
+        return value, False
+    return math.nan, True
+
+
+def _frame_from_columns(columns: dict[str, list[Any]], times: pd.Series) -> pd.DataFrame:
+    steps = np.asarray(columns["step"], dtype=np.int64)
+    keep = _later_run_wins(steps)
+    frame = pd.DataFrame({name: values for name, values in columns.items() if name != "step"}, index=steps)
+    frame["time"] = times.array if len(times) else pd.Series([], dtype="datetime64[ns, UTC]").array
+    frame = frame.loc[keep]
+    frame.index.name = "step"
+    return frame.sort_index()
+
+
+def _times(raw: list[Any]) -> pd.Series:
+    """ISO strings or Unix seconds, vectorised, to UTC; anything else NaT."""
+    series = pd.Series(raw, dtype=object)
+    numeric = pd.to_numeric(series, errors="coerce")
+    out = pd.to_datetime(numeric, unit="s", utc=True, errors="coerce")
+    text = series.where(numeric.isna() & series.map(lambda v: isinstance(v, str)))
+    if text.notna().any():
+        parsed = pd.to_datetime(text, utc=True, errors="coerce", format="ISO8601")
+        out = out.fillna(parsed)
+    return out
+
+
+def _metrics_jsonl(path: Path) -> MetricsTable:
+    columns: dict[str, list[Any]] = {k: [] for k in ("step", *METRIC_COLUMNS, "loss_bad", "grad_bad", "skipped", "time", "line")}
+    bad_lines: list[int] = []
+    with open(path, "rb") as handle:
+        data = handle.read()
+    for number, raw in enumerate(data.split(b"\n"), start=1):
+        if not raw.strip():
+            continue
+        try:
+            obj = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            try:
+                obj = json.loads(raw)  # NaN / Infinity tokens, which orjson refuses
+            except (ValueError, RecursionError):
+                bad_lines.append(number)
+                continue
+        if not isinstance(obj, dict):
+            bad_lines.append(number)
+            continue
+        step = obj.get("step")
+        if isinstance(step, float) and step.is_integer():
+            step = int(step)
+        if not isinstance(step, int) or isinstance(step, bool):
+            bad_lines.append(number)
+            continue
+        columns["step"].append(step)
+        loss, loss_bad = _value(obj.get("loss"))
+        grad, grad_bad = _value(obj.get("grad_norm"))
+        columns["loss"].append(loss)
+        columns["loss_bad"].append(loss_bad)
+        columns["grad_norm"].append(grad)
+        columns["grad_bad"].append(grad_bad)
+        for name in ("lr", "loss_scale", "throughput"):
+            columns[name].append(_value(obj.get(name))[0])
+        columns["skipped"].append(bool(obj.get("skipped")) if isinstance(obj.get("skipped"), bool) else False)
+        columns["time"].append(obj.get("time"))
+        columns["line"].append(number)
+    frame = _frame_from_columns(columns, _times(columns.pop("time")))
+    gaps = []
+    if bad_lines:
+        gaps.append(f"metrics.jsonl: {len(bad_lines)} unreadable line(s), first at line {bad_lines[0]}")
+    return MetricsTable(frame, path.name, gaps)
+
+
+def _metrics_from_log(path: Path, kind: str) -> MetricsTable:
+    reading = read_evidence(path, kind)
+    records = reading.result.records
+    columns: dict[str, list[Any]] = {k: [] for k in ("step", *METRIC_COLUMNS, "loss_bad", "grad_bad", "skipped", "time", "line")}
+    for record in records:
+        columns["step"].append(record.step)
+        loss, loss_bad = _value(record.loss)
+        grad, grad_bad = _value(record.grad_norm)
+        columns["loss"].append(loss)
+        columns["loss_bad"].append(loss_bad or bool(getattr(record, "nan_iterations", None)))
+        columns["grad_norm"].append(grad)
+        columns["grad_bad"].append(grad_bad)
+        columns["lr"].append(_value(record.lr)[0])
+        columns["loss_scale"].append(_value(record.loss_scale)[0])
+        columns["throughput"].append(_value(record.throughput)[0])
+        columns["skipped"].append(bool(record.skipped))
+        columns["time"].append(record.time)
+        columns["line"].append(record.line)
+    times = pd.to_datetime(pd.Series(columns.pop("time"), dtype=object), utc=True, errors="coerce")
+    frame = _frame_from_columns(columns, times)
+    gaps = [f"{path.name}: {gap.line and f'line {gap.line}: ' or ''}{gap.reason}" for gap in reading.gaps[:5]]
+    return MetricsTable(frame, path.name, gaps)
+
+
+def load_metrics(bundle: Bundle) -> tuple[MetricsTable | None, list[str]]:
+    """metrics.jsonl, else train.log; (None, reasons) when neither gives a step."""
+    missing: list[str] = []
+    for name, kind in (("metrics.jsonl", "metrics-jsonl"), ("train.log", "training-log")):
+        path = bundle.path / name
+        if not path.is_file():
+            continue
+        try:
+            table = _metrics_jsonl(path) if name == "metrics.jsonl" else _metrics_from_log(path, kind)
+        except (InputError, OSError) as exc:
+            missing.append(f"{name}: {str(exc).split(': ', 1)[-1]}")
+            continue
+        missing.extend(table.gaps)
+        if len(table.frame):
+            return table, missing
+        missing.append(f"{name}: no training steps in it")
+    if not missing:
+        missing.append("metrics.jsonl / train.log: absent (no step metrics: symptom cannot be classified)")
+    return None, missing
+
+
+# --------------------------------------------------------------------- JSONL step windows
+
+
+def _step_of(line: bytes) -> int | None:
+    try:
+        obj = orjson.loads(line)
+    except orjson.JSONDecodeError:
+        try:
+            obj = json.loads(line)
+        except (ValueError, RecursionError):
+            return None
+    step = obj.get("step") if isinstance(obj, dict) else None
+    return step if isinstance(step, int) and not isinstance(step, bool) else None
+
+
+def _line_at(mm: mmap.mmap, offset: int) -> tuple[int, int]:
+    """(start, end) of the first complete line starting at or after ``offset``."""
+    start = offset if offset == 0 else mm.find(b"\n", offset - 1) + 1
+    if start <= 0 and offset > 0:
+        return len(mm), len(mm)
+    end = mm.find(b"\n", start)
+    return start, (len(mm) if end < 0 else end)
+
+
+def _first_offset_at_or_after(mm: mmap.mmap, target: int) -> int:
+    """Byte offset of the first line whose step >= target (file in step order)."""
+    lo, hi = 0, len(mm)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        start, end = _line_at(mm, mid)
+        if start >= len(mm):
+            hi = mid
+            continue
+        step = _step_of(mm[start:end])
+        if step is None or step >= target:
+            hi = mid
+        else:
+            lo = end + 1
+    start, _ = _line_at(mm, lo)
+    return start
+
+
+def _sorted_by_step(mm: mmap.mmap, samples: int = 33) -> bool:
+    steps = []
+    size = len(mm)
+    for index in range(samples):
+        start, end = _line_at(mm, size * index // samples)
+        if start < size:
+            step = _step_of(mm[start:end])
+            if step is not None:
+                steps.append(step)
+    return all(a <= b for a, b in zip(steps, steps[1:]))
+
+
+def read_jsonl_window(path: Path, lo: int, hi: int, *, limit: int = 2_000_000) -> tuple[list[tuple[int, bytes]], list[str]]:
+    """Lines (number, raw) of a JSONL file whose ``step`` is in [lo, hi].
+
+    In a file in step order (the spec's), finds the range by binary search over byte offsets
+    and numbers the lines by counting newlines before it; otherwise scans every line.
+    """
+    notes: list[str] = []
+    size = path.stat().st_size
+    if size == 0:
+        return [], notes
+    with open(path, "rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+        rows: list[tuple[int, bytes]] = []
+        if _sorted_by_step(mm):
+            offset = _first_offset_at_or_after(mm, lo)
+            number = 1
+            for chunk_start in range(0, offset, 1 << 24):
+                number += mm[chunk_start : min(offset, chunk_start + (1 << 24))].count(b"\n")
+            position = offset
+            while position < size and len(rows) < limit:
+                end = mm.find(b"\n", position)
+                end = size if end < 0 else end
+                raw = mm[position:end]
+                step = _step_of(raw) if raw.strip() else None
+                if step is not None and step > hi:
+                    break
+                if step is not None and step >= lo:
+                    rows.append((number, raw))
+                number += 1
+                position = end + 1
+            return rows, notes
+        notes.append(f"{path.name}: not in step order; read whole")
+        for number, raw in enumerate(mm[:].split(b"\n"), start=1):
+            step = _step_of(raw) if raw.strip() else None
+            if step is not None and lo <= step <= hi:
+                rows.append((number, raw))
+                if len(rows) >= limit:
+                    break
+        return rows, notes
+
+
+def _objects(rows: list[tuple[int, bytes]]) -> list[tuple[int, dict[str, Any], str]]:
+    out = []
+    for number, raw in rows:
+        try:
+            obj = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            try:
+                obj = json.loads(raw)
+            except (ValueError, RecursionError):
+                continue
+        if isinstance(obj, dict):
+            out.append((number, obj, raw.decode("utf-8", "replace")))
+    return out
+
+
+def rank_records(rows: list[tuple[int, bytes]]) -> list[RankRecord]:
+    records = []
+    for number, obj, _text in _objects(rows):
+        step, rank = obj.get("step"), obj.get("rank")
+        if not isinstance(step, int) or not isinstance(rank, int):
+            continue
+        records.append(RankRecord(step, rank, read_float(obj.get("loss")), read_float(obj.get("grad_norm")),
+                                  read_float(obj.get("mem_allocated_gb")), number))
+    return records
+
+
+def batch_records(rows: list[tuple[int, bytes]]) -> list[BatchRecord]:
+    def integer(value: Any) -> int | None:
+        number = read_float(value)
+        return int(number) if number is not None and math.isfinite(number) else None
+
+    records = []
+    for number, obj, text in _objects(rows):
+        step = obj.get("step")
+        if not isinstance(step, int):
+            continue
+        ids = obj.get("sample_ids")
+        fingerprint = obj.get("fingerprint")
+        records.append(BatchRecord(
+            step=step, rank=integer(obj.get("rank")),
+            fingerprint=None if fingerprint is None else str(fingerprint),
+            num_samples=integer(obj.get("num_samples")), max_tokens=integer(obj.get("max_tokens")),
+            min_tokens=integer(obj.get("min_tokens")), num_empty=integer(obj.get("num_empty")),
+            sample_ids=[str(i) for i in ids] if isinstance(ids, list) else [],
+            source=obj.get("source") if isinstance(obj.get("source"), str) else None,
+            line=number, text=clip(text),
+        ))
+    return records
+
+
+# ------------------------------------------------------------------------------ node facts
+
+
+@dataclass
+class NodeFacts:
+    """What one node's folder says, parsed; None where a probe gave nothing readable."""
+
+    name: str
+    unreachable: bool = False
+    probes: dict[str, ProbeStatus] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    stderr: dict[str, str] = field(default_factory=dict)
+    kernel: Any = None
+    smi: Any = None
+    smi_file: str | None = None
+    smi_base: Any = None
+    smi_base_file: str | None = None
+    ethtool: dict[str, Any] = field(default_factory=dict)
+    ethtool_base: dict[str, Any] = field(default_factory=dict)
+    ibstat: Any = None
+    ib: Any = None
+    ib_base: Any = None
+    nccl: Any = None
+    nccl_version: Any = None
+
+    def file(self, name: str, *, baseline: bool = False) -> str:
+        return f"nodes/{self.name}/{'baseline/' if baseline else ''}{name}"
+
+
+_PROBE_FILES = {
+    "kernel.log": ("kernel", "kernel-log"),
+    "ibstat.txt": ("ibstat", "ibstat"),
+    "ib-counters.txt": ("ib", "ib-counters"),
+    "nccl.log": ("nccl", "nccl-log"),
+    "nccl-version.txt": ("nccl_version", "nccl-version"),
+}
+_SMI_FILES = (("nvidia-smi-q.txt", "nvidia-smi-q"), ("nvidia-smi-q.xml", "nvidia-smi-xml"), ("nvml.json", "nvml-json"))
+
+
+def _read(folder: Path, name: str, kind: str, facts: NodeFacts, *, baseline: bool = False,
+          current: tuple[bytes, Any] | None = None) -> tuple[bytes, Any] | None:
+    path = folder / name
+    if not path.is_file():
+        return None
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        facts.notes.append(f"{facts.file(name, baseline=baseline)}: unreadable ({exc.strerror})")
+        return None
+    if current is not None and current[0] == raw:
+        return raw, current[1]  # byte-identical baseline: same values, nothing grew
+    try:
+        result = read_evidence(path, kind).result
+    except InputError as exc:
+        facts.notes.append(f"{facts.file(name, baseline=baseline)}: {str(exc).split(': ', 1)[-1]}")
+        return None
+    return raw, result
+
+
+def load_node(bundle_path: str, node: str) -> NodeFacts:
+    """Parse one node's folder (run in a worker process for large bundles)."""
+    folder = Path(bundle_path) / "nodes" / node
+    facts = NodeFacts(node)
+    probes_path = folder / "probes.json"
+    if probes_path.is_file():
+        probes = parse_probes(probes_path.read_text(encoding="utf-8", errors="replace"))
+        facts.probes = probes.probes
+        facts.unreachable = probes.unreachable
+        facts.notes.extend(f"nodes/{node}/probes.json: {gap.reason}" for gap in probes.gaps)
+    if facts.unreachable:
+        return facts
+    for err in folder.glob("*.err"):
+        try:
+            first = next((l.strip() for l in err.read_text(errors="replace").splitlines() if l.strip()), "")
+        except OSError:
+            first = ""
+        if first:
+            facts.stderr[err.stem] = clip(first, 300)
+    for name, (attribute, kind) in _PROBE_FILES.items():
+        got = _read(folder, name, kind, facts)
+        if got is not None:
+            setattr(facts, attribute, got[1])
+            if attribute == "ib":
+                base = _read(folder / "baseline", name, kind, facts, baseline=True, current=got)
+                facts.ib_base = base[1] if base else None
+    for name, kind in _SMI_FILES:
+        got = _read(folder, name, kind, facts)
+        if got is None or not getattr(got[1], "gpus", None) and not getattr(got[1], "errors", None):
+            continue
+        facts.smi, facts.smi_file = got[1], name
+        base = _read(folder / "baseline", name, kind, facts, baseline=True, current=got)
+        if base is not None:
+            facts.smi_base, facts.smi_base_file = base[1], name
+        break
+    for path in sorted(folder.glob("ethtool-*.txt")):
+        got = _read(folder, path.name, "ethtool", facts)
+        if got is None:
+            continue
+        facts.ethtool[path.name] = got[1]
+        base = _read(folder / "baseline", path.name, "ethtool", facts, baseline=True, current=got)
+        if base is not None:
+            facts.ethtool_base[path.name] = base[1]
+    return facts
+
+
+def _load_nodes(bundle: Bundle, workers: int | None) -> list[NodeFacts]:
+    names = bundle.nodes()
+    if workers is None:
+        workers = min(os.cpu_count() or 1, 8) if len(names) >= 24 else 1
+    if workers <= 1 or len(names) < 2:
+        return [load_node(str(bundle.path), name) for name in names]
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        chunk = max(1, len(names) // (workers * 4))
+        return list(pool.map(load_node, [str(bundle.path)] * len(names), names, chunksize=chunk))
+
+
+@dataclass
+class BundleFacts:
+    bundle: Bundle
+    incident: Incident
+    metrics: MetricsTable | None
+    nodes: list[NodeFacts]
+    checkpoints: list[Checkpoint] | None
+    missing: list[str]
+
+    @property
+    def path(self) -> Path:
+        return self.bundle.path
+
+    def node(self, name: str) -> NodeFacts | None:
+        return next((n for n in self.nodes if n.name == name), None)
+
+
+def load_bundle(path: str | Path, *, workers: int | None = None) -> BundleFacts:
+    """Open and read a bundle (BundleError if it cannot be opened at all)."""
+    bundle = open_bundle(path)
+    missing = list(bundle.missing)
+    metrics, metric_notes = load_metrics(bundle)
+    missing.extend(metric_notes)
+    nodes = _load_nodes(bundle, workers)
+    for facts in nodes:
+        if facts.unreachable:
+            missing.append(f"nodes/{facts.name}: unreachable")
+            continue
+        if not facts.probes:
+            missing.append(f"nodes/{facts.name}/probes.json: absent")
+        for name, status in facts.probes.items():
+            if status.error is not None:
+                hint = facts.stderr.get(name)
+                missing.append(f"nodes/{facts.name}/{name}: {status.error}" + (f" ({hint})" if hint else ""))
+        missing.extend(facts.notes)
+    collected = {facts.name for facts in nodes}
+    missing.extend(f"nodes/{node}: not collected" for node in bundle.incident.job.nodes if node not in collected)
+    checkpoints = None
+    path_ckpt = bundle.path / "checkpoints.json"
+    if path_ckpt.is_file():
+        parsed = parse_checkpoints(path_ckpt.read_text(encoding="utf-8", errors="replace"))
+        checkpoints = parsed.checkpoints
+        missing.extend(f"checkpoints.json: {gap.reason}" for gap in parsed.gaps)
+    else:
+        missing.append("checkpoints.json: absent (no checkpoint to resume from is known)")
+    return BundleFacts(bundle, bundle.incident, metrics, nodes, checkpoints, missing)

@@ -1,0 +1,161 @@
+"""Layer 2, numeric: did gradients explode, was the LR too high, did fp16 scaling collapse?
+
+Judged from the step table alone. These findings are primary only when the data layer is
+clean (the engine enforces it): a grad-norm climb is what a bad sample causes too.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import numpy as np
+import pandas as pd
+
+from spikeops.diagnosis.context import Context
+from spikeops.diagnosis.model import Finding, RuledOut
+
+__all__ = ["RULES", "numeric_grad_explosion", "numeric_lr_too_high", "numeric_loss_scale_collapse"]
+
+#: A grad-norm climb this many logged steps long before the spike is an explosion's signature.
+CLIMB_STEPS = 3
+#: LR changes by more than this factor between consecutive logged steps: a schedule change.
+LR_JUMP = 1.5
+#: How close (logged steps) the spike must follow an LR peak or change to be blamed on it.
+LR_NEAR = 50
+
+
+def _position(ctx: Context, step: int) -> int:
+    return int(np.searchsorted(ctx.metrics.frame.index.to_numpy(), step))
+
+
+def numeric_grad_explosion(ctx: Context) -> list[Finding]:
+    if ctx.metrics is None or ctx.spike is None:
+        return []
+    start = ctx.symptom.precursors.get("grad_norm")
+    if start is None:
+        ctx.ruled_out.append(RuledOut("numeric", "grad norm was not climbing before the spike"))
+        return []
+    climb = _position(ctx, ctx.spike) - _position(ctx, start)
+    frame = ctx.metrics.frame
+    before = frame["grad_norm"].loc[:start].iloc[:-1].dropna().tail(20)
+    base = float(before.median()) if len(before) else float("nan")
+    peak = frame["grad_norm"].loc[start:ctx.spike].max()
+    ratio = peak / base if base and math.isfinite(base) and base > 0 else float("inf")
+    confidence = 0.78 if climb >= CLIMB_STEPS else 0.45
+    evidence = [line for line in (ctx.metric_line(start, "grad norm starts climbing"),
+                                  ctx.metric_line(ctx.spike, "loss spike")) if line]
+    return [Finding(
+        layer="numeric", cause="grad_explosion", confidence=confidence,
+        summary=f"grad norm climbs for {climb} logged step(s) from step {start} (x{ratio:.3g} over its "
+                f"level) before the loss spike at step {ctx.spike}",
+        step=start, evidence=evidence,
+    )]
+
+
+def numeric_lr_too_high(ctx: Context) -> list[Finding]:
+    if ctx.metrics is None or ctx.spike is None:
+        return []
+    lr = ctx.metrics.frame["lr"]
+    if lr.notna().sum() < 3:
+        ctx.missing.append(f"{ctx.metrics.file}: no learning rate logged (LR rule skipped)")
+        return []
+    spike_pos = _position(ctx, ctx.spike)
+    window = lr.iloc[max(0, spike_pos - LR_NEAR): spike_pos + 1].dropna()
+    ratios = (window / window.shift(1)).dropna()
+    jumps = ratios[(ratios > LR_JUMP)]
+    reason = None
+    step = None
+    if len(jumps):
+        step = int(jumps.index[0])
+        reason = f"the LR jumped x{float(jumps.iloc[0]):.3g} at step {step}"
+    else:
+        peak_step = int(lr.loc[: ctx.spike].idxmax()) if lr.loc[: ctx.spike].notna().any() else None
+        ramped = lr.loc[:ctx.spike].dropna()
+        if peak_step is not None and len(ramped) > 5 and peak_step in window.index and ramped.iloc[0] < 0.5 * ramped.max():
+            step = peak_step
+            reason = f"the LR reached its peak {float(lr.loc[peak_step]):.3g} at step {peak_step}"
+    if reason is None:
+        ctx.ruled_out.append(RuledOut("numeric", "no LR peak or schedule change near the spike"))
+        return []
+    confidence = 0.72 if ctx.symptom.symptom == "spike_no_recovery" else 0.4
+    evidence = [line for line in (ctx.metric_line(step, "LR change"), ctx.metric_line(ctx.spike, "loss spike")) if line]
+    return [Finding(
+        layer="numeric", cause="lr_too_high", confidence=confidence,
+        summary=f"{reason}; the loss spiked at step {ctx.spike}"
+                + (" and did not recover" if ctx.symptom.symptom == "spike_no_recovery" else ""),
+        step=step, evidence=evidence,
+    )]
+
+
+def _collapse_start(run: pd.Series) -> int:
+    """First drop of the unbroken non-increasing stretch that ends at the lowest scale
+    (normal fp16 breathing regrows the scale, which ends the stretch)."""
+    values = run.to_numpy()
+    position = len(values) - 1
+    while position > 0 and values[position - 1] >= values[position]:
+        position -= 1
+    for index in range(position + 1, len(values)):
+        if values[index] < values[index - 1]:
+            return int(run.index[index])
+    return int(run.index[-1])
+
+
+def _calibration_end(scale: pd.Series) -> int:
+    """Length of the start-up calibration: fp16 loss scalers start high (2^16..2^24) and
+    halve on the first overflows until they fit. Falling from the very first entry, in two
+    or more drops, is that, not a collapse; a plateau first means a trained scale fell."""
+    values = scale.to_numpy()
+    end = 0
+    while end + 1 < len(values) and values[end + 1] < values[end]:
+        end += 1
+    return end + 1 if end >= 2 else 0
+
+
+def numeric_loss_scale_collapse(ctx: Context) -> list[Finding]:
+    if ctx.metrics is None:
+        return []
+    frame = ctx.metrics.frame
+    scale = frame["loss_scale"].dropna()
+    if len(scale) < 3 or scale.nunique() <= 1:
+        return []
+    scale = scale.iloc[_calibration_end(scale):]
+    if len(scale) < 2:
+        return []
+    anchor = ctx.onset if ctx.onset is not None else ctx.spike
+    if anchor is None or anchor <= scale.index[0]:
+        anchor = int(scale.index[-1])
+    before = scale[scale.index < anchor].tail(200)
+    after = scale[scale.index >= anchor]
+    if len(before) == 0 or len(after) == 0:
+        return []
+    high = float(before.max())
+    low = float(after.min())
+    if high <= 0 or not math.isfinite(high):
+        return []
+    ratio = low / high
+    # Count halvings, not logged drops: with a log interval of 10, one logged drop can be 3.
+    ratios = (scale.shift(1) / scale).loc[before.index[0]:]
+    drops = int(round(float(np.log2(ratios[ratios > 1]).sum())))
+    skipped = int(frame["skipped"].loc[before.index[0]:].sum())
+    if ratio > 0.1 or (drops < 3 and skipped < 3):
+        ctx.ruled_out.append(RuledOut("numeric", f"loss scale did not collapse (lowest {low:g} vs {high:g} before)"))
+        return []
+    confidence = 0.8 if ratio <= 0.01 else 0.6
+    low_step = int(after.idxmin())
+    start = _collapse_start(scale.loc[:low_step])
+    evidence = [line for line in (ctx.metric_line(start, "loss scale starts falling"),
+                                  ctx.metric_line(low_step, "lowest loss scale")) if line]
+    return [Finding(
+        layer="numeric", cause="loss_scale_collapse", confidence=confidence,
+        summary=f"fp16 loss scale fell from {high:g} to {low:g} ({math.log10(high / low) if low > 0 else float('inf'):.1f} "
+                f"orders of magnitude, {drops} halving(s), {skipped} skipped step(s))",
+        step=start, evidence=evidence,
+    )]
+
+
+RULES: tuple[Callable[[Context], list[Finding]], ...] = (
+    numeric_grad_explosion,
+    numeric_lr_too_high,
+    numeric_loss_scale_collapse,
+)

@@ -1,0 +1,139 @@
+"""`spikeops diagnose` on thin, broken and odd bundles: a diagnosis that says what is
+missing, never a crash; not a bundle at all: exit 2 and one line."""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+
+import pytest
+
+from spikeops.bundle import BundleWriter
+from spikeops.cli import main
+from spikeops.diagnosis import diagnose
+from tests.conftest import REAL, ROOT
+
+INCIDENT = {
+    "incident_id": "inc-test",
+    "created": "2026-11-29T18:03:12Z",
+    "alert": {"source": "test", "received": "2026-11-29T18:03:10Z", "payload": {}},
+    "job": {"id": "1", "scheduler": "slurm", "name": "t", "nodes": ["n1", "n2"], "gpus_per_node": 8,
+            "ranks": {}, "max_length": 4096, "started": "2026-11-29T09:00:00Z", "resumed_from": None},
+    "window": {"start": "2026-11-29T17:55:00Z", "end": "2026-11-29T18:03:12Z"},
+}
+
+
+def run(*argv: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    return main(list(argv), out=out, err=err), out.getvalue(), err.getvalue()
+
+
+def test_only_incident_json(tmp_path):
+    BundleWriter(tmp_path).write_incident(INCIDENT)
+    diagnosis = diagnose(tmp_path)
+    document = diagnosis.to_json()
+    assert document["format"] == "spikeops-diagnosis/1"
+    assert document["symptom"] == "none"
+    assert document["primary"]["cause"] == "false_alarm"
+    assert document["culprit_nodes"] == []
+    assert document["resume_from"] is None
+    assert any("metrics" in item for item in document["missing"])
+    assert any("nodes/n1: not collected" == item for item in document["missing"])
+
+
+def test_empty_metrics_and_broken_probe_files(tmp_path):
+    writer = BundleWriter(tmp_path)
+    writer.write_incident(INCIDENT)
+    (tmp_path / "metrics.jsonl").write_text("")
+    writer.write_probe_output("n1", "kernel.log", bytes(range(256)) * 20)  # binary junk
+    writer.write_probe_output("n1", "nvidia-smi-q.txt", b"==============NVSMI LOG==============\n\nTimest")
+    writer.write_probe_output("n1", "ethtool-ib0.txt", b"")
+    (tmp_path / "nodes" / "n2").mkdir()  # a node folder with nothing in it
+    (tmp_path / "ranks.jsonl").write_text("{broken\n")
+    code, out, err = run("diagnose", "--json", str(tmp_path))
+    assert code == 0, err
+    document = json.loads(out)
+    missing = "\n".join(document["missing"])
+    assert "nodes/n1/kernel.log: binary data" in missing
+    assert "nodes/n1/ethtool-ib0.txt: file is empty" in missing
+    assert "nodes/n2/probes.json: absent" in missing
+    assert document["culprit_nodes"] == []
+    assert (tmp_path / "diagnosis.json").is_file()
+
+
+@pytest.mark.parametrize("content", [None, "not json", "[]"])
+def test_not_a_bundle_is_exit_2_one_line(tmp_path, content):
+    if content is not None:
+        (tmp_path / "incident.json").write_text(content)
+    code, out, err = run("diagnose", str(tmp_path))
+    assert code == 2
+    assert out == ""
+    assert err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_missing_directory(tmp_path):
+    code, _, err = run("diagnose", str(tmp_path / "absent"))
+    assert code == 2 and "no such bundle" in err
+
+
+def test_json_flag_prints_only_the_object_and_writes_the_file(tmp_path):
+    bundle = tmp_path / "b"
+    shutil.copytree(ROOT / "examples" / "bundle-xid79", bundle)
+    code, out, _ = run("diagnose", "--json", str(bundle))
+    assert code == 0
+    document = json.loads(out)
+    assert json.loads((bundle / "diagnosis.json").read_text()) == document
+    assert set(document) == {"format", "symptom", "spike_step", "onset_step", "primary", "culprit_nodes",
+                             "culprit_ranks", "findings", "ruled_out", "missing", "actions", "resume_from"}
+
+
+def test_example_bundle_diagnosis():
+    diagnosis = diagnose(ROOT / "examples" / "bundle-xid79").to_json()
+    assert diagnosis["symptom"] == "instant_nan"
+    assert diagnosis["primary"] == {"layer": "hardware", "cause": "gpu_xid", "confidence": 0.95}
+    assert diagnosis["culprit_nodes"] == ["gpu-003"]
+    assert diagnosis["culprit_ranks"] == [19]
+    assert diagnosis["resume_from"] == {"step": 12000, "path": "/ckpt/llm-70b/step-12000"}
+    assert diagnosis["onset_step"] == diagnosis["spike_step"] == 12111
+    evidence = diagnosis["findings"][0]["evidence"][0]
+    assert evidence["file"] == "nodes/gpu-003/kernel.log" and "Xid (PCI:0000:5d:00): 79" in evidence["text"]
+    # The application Xid from last week on gpu-001 is ruled out, never a culprit.
+    assert any("Xid 13 on gpu-001" in item["why"] for item in diagnosis["ruled_out"])
+    assert "nodes/gpu-004: unreachable" in diagnosis["missing"]
+    kinds = [action["kind"] for action in diagnosis["actions"]]
+    assert kinds[:3] == ["stop_job", "preserve_state", "isolate_nodes"] and kinds[-1] == "resume"
+
+
+EXPECTED_REAL = {
+    "104b-fp16-spike-deepspeed-overflow-skipping-step_bigscience.txt": ("spike_no_recovery", 17062),
+    "104b-wide-fp16-diverged-missing-lm-loss_bigscience.txt": ("none", None),
+    "104b-wide-fp16-grad-norm-and-loss-spike_bigscience.txt": ("spike_no_recovery", 8741),
+    "13b-fp16-lm-loss-spike-3-to-9_bigscience.txt": ("spike_no_recovery", 29050),
+    "bloom-176b-bf16-lm-loss-spike-iter31216_bigscience.txt": ("single_spike", 31216),
+    "fsdp-llama3-8b-p5-srun-prefixed-with-nccl-lines_awsome-distributed-training.txt": ("none", None),
+    "hf-trainer-gemma-lora-normal_skypilot.txt": ("none", None),
+    "megatron-raw-slurm-out-fp16-loss-scale-warmup-skipped-iters_bigscience.txt": ("none", None),
+}
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED_REAL))
+def test_real_training_logs_diagnose_to_their_symptoms(tmp_path, name):
+    writer = BundleWriter(tmp_path)
+    writer.write_incident({**INCIDENT, "window": None})
+    shutil.copy(REAL / "training-logs" / name, tmp_path / "train.log")
+    document = diagnose(tmp_path).to_json()
+    symptom, spike = EXPECTED_REAL[name]
+    assert (document["symptom"], document["spike_step"]) == (symptom, spike)
+    assert document["culprit_nodes"] == []
+    if symptom == "none":
+        assert document["primary"]["cause"] == "false_alarm"
+
+
+def test_real_logs_onset_precedes_spike_with_a_precursor(tmp_path):
+    writer = BundleWriter(tmp_path)
+    writer.write_incident({**INCIDENT, "window": None})
+    shutil.copy(REAL / "training-logs" / "104b-wide-fp16-grad-norm-and-loss-spike_bigscience.txt", tmp_path / "train.log")
+    document = diagnose(tmp_path).to_json()
+    assert document["onset_step"] == 8740  # the grad norm exploded one logged step before the loss
+    assert document["findings"][0]["cause"] in ("grad_explosion", "lr_too_high", "loss_scale_collapse")
