@@ -137,3 +137,16 @@ def test_real_logs_onset_precedes_spike_with_a_precursor(tmp_path):
     document = diagnose(tmp_path).to_json()
     assert document["onset_step"] == 8740  # the grad norm exploded one logged step before the loss
     assert document["findings"][0]["cause"] in ("grad_explosion", "lr_too_high", "loss_scale_collapse")
+
+
+@pytest.mark.parametrize("name", ["13b-fp16-lm-loss-spike-3-to-9_bigscience.txt",
+                                  "104b-fp16-spike-deepspeed-overflow-skipping-step_bigscience.txt"])
+def test_real_fp16_logs_show_a_loss_scale_collapse(tmp_path, name):
+    writer = BundleWriter(tmp_path)
+    writer.write_incident({**INCIDENT, "window": None})
+    shutil.copy(REAL / "training-logs" / name, tmp_path / "train.log")
+    document = diagnose(tmp_path).to_json()
+    assert document["primary"]["cause"] == "loss_scale_collapse"
+    assert document["culprit_nodes"] == []
+    kinds = [action["kind"] for action in document["actions"]]
+    assert "stop_job" in kinds and "check_loss_scale" in kinds

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable
 from spikeops.diagnosis.context import Context
 from spikeops.diagnosis.evidence import NodeFacts
 from spikeops.diagnosis.model import EvidenceLine, Finding, RuledOut
+from spikeops.diagnosis.symptom import throughput_drop
 from spikeops.probes.nccl_log import normalise_version
 
 __all__ = [
@@ -186,10 +187,18 @@ def comm_network_congestion(ctx: Context) -> list[Finding]:
         file, counter, value, from_baseline = max(hits, key=lambda h: h[2])
         what = f"{counter} grew by {value:,} since baseline" if from_baseline else f"{counter} = {value:,} (no baseline)"
         evidence.append(EvidenceLine(f"nodes/{name}/{file}", None, what))
+    slowed = throughput_drop(ctx.metrics.frame) if ctx.metrics is not None else None
+    onset = None
+    if slowed is not None and (ctx.spike is None or slowed[0] <= ctx.spike):
+        onset = slowed[0]  # the fabric slowed every rank before the loss moved
+        line = ctx.metric_line(onset, f"throughput {slowed[1]:.0%} lower from here")
+        if line is not None:
+            evidence.append(line)
     return [Finding(
         layer="communication", cause="network_congestion", confidence=confidence,
-        summary=f"congestion counters (pause frames, discards, out-of-buffer) rising on {len(affected)} of {checked} node(s)",
-        nodes=sorted(affected), step=ctx.spike, evidence=evidence,
+        summary=f"congestion counters (pause frames, discards, out-of-buffer) rising on {len(affected)} of {checked} node(s)"
+                + (f"; throughput fell {slowed[1]:.0%} from step {slowed[0]}" if slowed else ""),
+        nodes=sorted(affected), step=ctx.spike, evidence=evidence, onset_step=onset,
     )]
 
 

@@ -177,14 +177,40 @@ def departing_ranks(ctx: Context, steps: range | list[int]) -> dict[int, list[tu
     return out
 
 
+#: How far before the onset a rank's departure may start (it often precedes the global spike).
+MISALIGNMENT_LOOKBACK = 30
+
+
+def _runs_into_trouble(departing: dict[int, list[tuple[int, str, float, float]]], steps: list[int],
+                       last: int) -> dict[int, list[tuple[int, str, float, float]]]:
+    """Keep, per rank, only the unbroken run of departing steps that reaches the trouble (one
+    missed step tolerated): an unrelated wobble 30 steps earlier is not this incident."""
+    kept = {}
+    order = {step: index for index, step in enumerate(steps)}
+    for rank, hits in departing.items():
+        hit_positions = sorted({order[step] for step, *_ in hits if step in order})
+        if not hit_positions:
+            continue
+        end = hit_positions[-1]
+        if steps[end] < last - 1 and order.get(last, end) - end > 2:
+            continue
+        start = end
+        for position in reversed(hit_positions[:-1]):
+            if start - position > 2:
+                break
+            start = position
+        kept[rank] = [hit for hit in hits if hit[0] in order and start <= order[hit[0]] <= end]
+    return kept
+
+
 def data_rank_data_misalignment(ctx: Context) -> list[Finding]:
     trouble = ctx.trouble_steps()
     if trouble is None:
         return []
     if not ctx.ranks:
         return []
-    steps = sorted({r.step for r in ctx.ranks if trouble[0] - 5 <= r.step <= trouble[1]})
-    departing = departing_ranks(ctx, steps)
+    steps = sorted({r.step for r in ctx.ranks if trouble[0] - MISALIGNMENT_LOOKBACK <= r.step <= trouble[1]})
+    departing = _runs_into_trouble(departing_ranks(ctx, steps), steps, trouble[1])
     if not departing:
         ctx.ruled_out.append(RuledOut("data", f"no rank departs from its peers between steps {steps[0] if steps else trouble[0]} and {trouble[1]}"))
         return []
@@ -207,6 +233,7 @@ def data_rank_data_misalignment(ctx: Context) -> list[Finding]:
             summary=f"rank {rank} departs from its peers at {len(hit_steps)} step(s) from {first_step} "
                     f"({name} {value:.4g} vs peers' median {median:.4g}) while the other ranks stay normal",
             nodes=[node] if node else [], ranks=[rank], step=first_step, evidence=evidence,
+            onset_step=first_step,
         ))
     return findings
 

@@ -74,6 +74,12 @@ def _weigh(findings: list[Finding]) -> None:
     for finding in findings:
         if finding.layer == "numeric" and explaining >= PRIMARY_THRESHOLD:
             _cap(finding, explaining - 0.15, "a consequence of the data or checkpoint finding, checked first")
+        if finding.cause == "grad_explosion":
+            for lr in findings:
+                if lr.cause == "lr_too_high" and lr.confidence >= PRIMARY_THRESHOLD and lr.step is not None \
+                        and finding.step is not None and lr.step <= finding.step:
+                    lr.confidence = max(lr.confidence, 0.8)
+                    _cap(finding, lr.confidence - 0.1, f"it follows the LR change at step {lr.step}")
         if finding.cause == "nccl_error" and hw_nodes:
             _cap(finding, 0.4, "downstream of the hardware fault")
         if finding.layer == "data" and finding.cause != "rng_not_restored" and checkpoint_top >= 0.8:

@@ -25,6 +25,7 @@ from typing import Any
 from spikeops.diagnosis.context import Context
 from spikeops.diagnosis.evidence import NodeFacts
 from spikeops.diagnosis.model import EvidenceLine, Finding, RuledOut
+from spikeops.diagnosis.symptom import throughput_drop
 from spikeops.probes.base import clip
 from spikeops.probes.kernel_log import normalize_pci
 from spikeops.probes.xid_catalog import APPLICATION_CLASS, MEMORY_CLASS
@@ -37,6 +38,7 @@ __all__ = [
     "hw_ib_link_flap",
     "hw_thermal_throttle",
     "ecc_growth",
+    "nccl_bus_to_pci",
 ]
 
 _SMI_LOST = ("unable to determine the device handle", "gpu is lost", "unknown error", "fallen off the bus",
@@ -51,10 +53,22 @@ def _rank_of_pci(ctx: Context, node: NodeFacts, pci: str | None) -> int | None:
         bus = process.bus_id
         if bus is None or process.rank is None:
             continue
-        text = bus if ":" in bus else f"0000:{bus[:-3]}:{bus[-3:-1]}" if len(bus) >= 4 else bus
-        if normalize_pci(text) == pci:
+        if nccl_bus_to_pci(bus) == pci:
             return process.rank
     return None
+
+
+def nccl_bus_to_pci(bus: str) -> str | None:
+    """NCCL prints a GPU's bus id as the hex of its address digits run together
+    (``0000:07:00.0`` -> ``7000``, ``0000:5d:00.0`` -> ``5d000``); the kernel's form back."""
+    if ":" in bus:
+        return normalize_pci(bus)
+    try:
+        value = int(bus, 16)
+    except ValueError:
+        return None
+    domain, number, device = value >> 20, (value >> 12) & 0xFF, (value >> 4) & 0xFF
+    return f"{domain:04x}:{number:02x}:{device:02x}"
 
 
 def _smi_trouble(node: NodeFacts, pci: str | None) -> str | None:
@@ -258,6 +272,19 @@ def _port_key(port: Any) -> str:
     return f"{port.ca}/{port.port}"
 
 
+def _rail_ports(node: NodeFacts) -> list[Any]:
+    """The ports that carry the job's traffic: InfiniBand ones, or RoCE NICs of a model the
+    node has several of (one per GPU rail). A frontend or management NIC (one or two per
+    node, any speed) is not judged against its peers: fleets mix those."""
+    if node.ibstat is None:
+        return []
+    model = {ca.name: ca.ca_type for ca in node.ibstat.cas}
+    ports = node.ibstat.ports()
+    models = Counter(model.get(port.ca) for port in ports)
+    return [port for port in ports
+            if (port.link_layer or "").lower() == "infiniband" or models[model.get(port.ca)] >= 4]
+
+
 def hw_ib_link_flap(ctx: Context) -> list[Finding]:
     findings: list[Finding] = []
     reasons: dict[str, list[tuple[str, EvidenceLine]]] = {}
@@ -268,7 +295,7 @@ def hw_ib_link_flap(ctx: Context) -> list[Finding]:
     for node in ctx.reachable:
         if node.ibstat is None:
             continue
-        for port in node.ibstat.ports():
+        for port in _rail_ports(node):
             states.setdefault(_port_key(port), Counter())[port.state or "?"] += 1
             if port.rate_gbps:
                 rates.setdefault(_port_key(port), Counter())[port.rate_gbps] += 1
@@ -297,19 +324,21 @@ def hw_ib_link_flap(ctx: Context) -> list[Finding]:
                             nodes=[node.name], evidence=[EvidenceLine(node.file("ib-counters.txt"), port.lines.get(counter) if hasattr(port, "lines") else None, f"{counter}:{now}")],
                         ))
         if node.ibstat is not None:
-            for port in node.ibstat.ports():
+            for port in _rail_ports(node):
                 key = _port_key(port)
                 peers = states.get(key, Counter())
                 up_elsewhere = peers.get("Active", 0) - (1 if port.state == "Active" else 0)
+                down_here_and_elsewhere = sum(peers.values()) - peers.get("Active", 0)
                 infiniband = (port.link_layer or "").lower() == "infiniband"
-                if port.state != "Active" and (up_elsewhere >= 1 or (infiniband and len(ctx.reachable) == 1)):
+                if port.state != "Active" and (up_elsewhere >= 3 * down_here_and_elsewhere
+                                               or (infiniband and len(ctx.reachable) == 1)):
                     reasons.setdefault(node.name, []).append((
                         f"{port.ca} port {port.port} is {port.state}/{port.physical_state} while its peers are Active",
                         EvidenceLine(node.file("ibstat.txt"), port.line, port.text or f"State: {port.state}"),
                     ))
                 elif port.state == "Active" and port.rate_gbps and rates.get(key):
                     usual, count = rates[key].most_common(1)[0]
-                    if port.rate_gbps < usual and count >= 2:
+                    if port.rate_gbps < usual and count >= max(2, 3 * rates[key][port.rate_gbps]):
                         reasons.setdefault(node.name, []).append((
                             f"{port.ca} port {port.port} runs at {port.rate_gbps:g} Gb/s, its peers at {usual:g}",
                             EvidenceLine(node.file("ibstat.txt"), port.lines.get("rate", port.line) if hasattr(port, "lines") else port.line, f"Rate: {port.rate_gbps:g}"),
@@ -350,18 +379,25 @@ def hw_thermal_throttle(ctx: Context) -> list[Finding]:
     if fleet_wide:
         confidence = min(confidence, 0.3)
     findings = []
+    slowed = throughput_drop(ctx.metrics.frame) if ctx.metrics is not None else None
     for name, gpus in sorted(hot.items()):
         node = ctx.facts.node(name)
         temperatures = [g.temperature_c for g, _ in gpus if g.temperature_c is not None]
+        ranks = [r for r in (_rank_of_pci(ctx, node, g.pci) for g, _ in gpus) if r is not None]
+        evidence = [EvidenceLine(node.file(node.smi_file), g.line, f"GPU {g.bus_id}: {why}, {g.temperature_c} C") for g, why in gpus[:3]]
+        if slowed is not None:
+            line = ctx.metric_line(slowed[0], f"throughput {slowed[1]:.0%} lower from here")
+            if line is not None:
+                evidence.append(line)
         findings.append(Finding(
             layer="hardware", cause="thermal_throttle", confidence=confidence,
             summary=f"{name}: {len(gpus)} GPU(s) throttling for temperature ({gpus[0][1]}"
                     + (f", up to {max(temperatures)} C" if temperatures else "") + ")"
                     + (" on most nodes: the room or the fleet, not this node" if fleet_wide else "")
+                    + (f"; the job's throughput fell {slowed[1]:.0%} from step {slowed[0]}" if slowed else "")
                     + ("; slows the job, does not explain a loss jump" if ctx.symptom.symptom != "none" else ""),
-            nodes=[name],
-            evidence=[EvidenceLine(node.file(node.smi_file), g.line, f"GPU {g.bus_id}: {why}, {g.temperature_c} C") for g, why in gpus[:3]],
-            convicts=not fleet_wide,
+            nodes=[name], ranks=ranks, step=slowed[0] if slowed else None,
+            evidence=evidence, convicts=not fleet_wide, onset_step=slowed[0] if slowed else None,
         ))
     return findings
 

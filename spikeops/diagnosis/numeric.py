@@ -49,7 +49,7 @@ def numeric_grad_explosion(ctx: Context) -> list[Finding]:
         layer="numeric", cause="grad_explosion", confidence=confidence,
         summary=f"grad norm climbs for {climb} logged step(s) from step {start} (x{ratio:.3g} over its "
                 f"level) before the loss spike at step {ctx.spike}",
-        step=start, evidence=evidence,
+        step=start, evidence=evidence, onset_step=start,
     )]
 
 
@@ -88,17 +88,25 @@ def numeric_lr_too_high(ctx: Context) -> list[Finding]:
     )]
 
 
+#: Logged steps before the onset where a collapse may have begun.
+COLLAPSE_LOOKBACK = 100
+#: Halvings of one collapse follow each other within this many logged steps; the scaler's
+#: normal breathing halves once per growth interval (hundreds to thousands of steps).
+COLLAPSE_GAP = 5
+
+
 def _collapse_start(run: pd.Series) -> int:
-    """First drop of the unbroken non-increasing stretch that ends at the lowest scale
-    (normal fp16 breathing regrows the scale, which ends the stretch)."""
+    """First drop of the cluster of drops that ends at the lowest scale."""
     values = run.to_numpy()
-    position = len(values) - 1
-    while position > 0 and values[position - 1] >= values[position]:
-        position -= 1
-    for index in range(position + 1, len(values)):
-        if values[index] < values[index - 1]:
-            return int(run.index[index])
-    return int(run.index[-1])
+    drops = [index for index in range(1, len(values)) if values[index] < values[index - 1]]
+    if not drops:
+        return int(run.index[-1])
+    first = drops[-1]
+    for previous in reversed(drops[:-1]):
+        if first - previous > COLLAPSE_GAP:
+            break
+        first = previous
+    return int(run.index[first])
 
 
 def _calibration_end(scale: pd.Series) -> int:
@@ -123,34 +131,34 @@ def numeric_loss_scale_collapse(ctx: Context) -> list[Finding]:
     if len(scale) < 2:
         return []
     anchor = ctx.onset if ctx.onset is not None else ctx.spike
-    if anchor is None or anchor <= scale.index[0]:
+    if anchor is None:
         anchor = int(scale.index[-1])
-    before = scale[scale.index < anchor].tail(200)
-    after = scale[scale.index >= anchor]
-    if len(before) == 0 or len(after) == 0:
-        return []
-    high = float(before.max())
-    low = float(after.min())
+    anchor_pos = int(np.searchsorted(scale.index.to_numpy(), anchor))
+    region = scale.iloc[max(0, anchor_pos - COLLAPSE_LOOKBACK):]
+    low_step = int(region.idxmin())
+    low = float(region.min())
+    start = _collapse_start(scale.loc[:low_step])
+    start_pos = int(np.searchsorted(scale.index.to_numpy(), start))
+    high = float(scale.iloc[start_pos - 1]) if start_pos > 0 else float(scale.iloc[0])
     if high <= 0 or not math.isfinite(high):
         return []
     ratio = low / high
     # Count halvings, not logged drops: with a log interval of 10, one logged drop can be 3.
-    ratios = (scale.shift(1) / scale).loc[before.index[0]:]
-    drops = int(round(float(np.log2(ratios[ratios > 1]).sum())))
-    skipped = int(frame["skipped"].loc[before.index[0]:].sum())
+    cluster = scale.loc[:low_step].iloc[max(0, start_pos - 1):].clip(lower=max(low, 1e-12) / 2)
+    ratios = cluster.shift(1) / cluster
+    drops = int(round(float(np.log2(ratios[(ratios > 1) & np.isfinite(ratios)]).sum())))
+    skipped = int(frame["skipped"].loc[start:low_step].sum())
     if ratio > 0.1 or (drops < 3 and skipped < 3):
-        ctx.ruled_out.append(RuledOut("numeric", f"loss scale did not collapse (lowest {low:g} vs {high:g} before)"))
+        ctx.ruled_out.append(RuledOut("numeric", f"loss scale did not collapse (its steepest recent fall: {high:g} to {low:g})"))
         return []
     confidence = 0.8 if ratio <= 0.01 else 0.6
-    low_step = int(after.idxmin())
-    start = _collapse_start(scale.loc[:low_step])
     evidence = [line for line in (ctx.metric_line(start, "loss scale starts falling"),
                                   ctx.metric_line(low_step, "lowest loss scale")) if line]
     return [Finding(
         layer="numeric", cause="loss_scale_collapse", confidence=confidence,
         summary=f"fp16 loss scale fell from {high:g} to {low:g} ({math.log10(high / low) if low > 0 else float('inf'):.1f} "
                 f"orders of magnitude, {drops} halving(s), {skipped} skipped step(s))",
-        step=start, evidence=evidence,
+        step=start, evidence=evidence, onset_step=start,
     )]
 
 

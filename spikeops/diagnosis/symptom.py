@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-__all__ = ["SymptomResult", "classify", "Z_SPIKE", "REL_SPIKE", "MIN_HISTORY", "SHORT_HISTORY", "WINDOW"]
+__all__ = ["SymptomResult", "classify", "throughput_drop", "Z_SPIKE", "REL_SPIKE", "MIN_HISTORY", "SHORT_HISTORY", "WINDOW"]
 
 #: A spike is this many noise units above the running level...
 Z_SPIKE = 6.0
@@ -113,6 +113,41 @@ def _precursors(frame: pd.DataFrame, spike_pos: int) -> dict[str, int]:
         if position is not None and position < spike_pos:
             found["loss_scale"] = int(steps[position])
     return found
+
+
+def throughput_drop(frame: pd.DataFrame, tail: int = 1000) -> tuple[int, float] | None:
+    """(first step, relative drop) of a sustained throughput drop at the end of the run.
+
+    One change point over the last ``tail`` steps, by the largest two-sample t statistic of
+    the mean before and after (cumulative sums: linear time); kept only when the level after
+    is >= 10 % lower and the statistic is far beyond noise. A slow node (thermal throttling,
+    congestion) slows every rank from the step it started."""
+    values = frame["throughput"].dropna()
+    if len(values) < 40:
+        return None
+    values = values.iloc[-tail:]
+    data = values.to_numpy(dtype=float)
+    n = len(data)
+    cumulative = np.cumsum(data)
+    squares = np.cumsum(data * data)
+    positions = np.arange(10, n - 5)
+    if len(positions) == 0:
+        return None
+    before_n = positions.astype(float)
+    after_n = n - before_n
+    before_mean = cumulative[positions - 1] / before_n
+    after_mean = (cumulative[-1] - cumulative[positions - 1]) / after_n
+    total_var = (squares[-1] - cumulative[-1] ** 2 / n) / max(1, n - 2)
+    noise = math.sqrt(max(total_var, 1e-12))
+    diffs = np.abs(np.diff(data))
+    noise = min(noise, 1.4826 * float(np.median(diffs)) / math.sqrt(2) or noise)
+    t_stat = (before_mean - after_mean) / (max(noise, 1e-12) * np.sqrt(1 / before_n + 1 / after_n))
+    best = int(np.argmax(t_stat))
+    position = int(positions[best])
+    drop = 1.0 - after_mean[best] / before_mean[best] if before_mean[best] else 0.0
+    if drop < 0.10 or t_stat[best] < 8:
+        return None
+    return int(values.index[position]), float(drop)
 
 
 def _throughput_change(frame: pd.DataFrame) -> float | None:
