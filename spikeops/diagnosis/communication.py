@@ -25,6 +25,8 @@ __all__ = [
     "comm_nccl_version_mismatch",
     "node_nccl_version",
     "counter_growth",
+    "congestion_counter_high",
+    "IB_WATCHED",
 ]
 
 #: NCCL / PyTorch-distributed event kinds that mean communication broke (``cuda_error`` is
@@ -126,6 +128,22 @@ def _retransmit_growth(ctx: Context) -> list[tuple[str, str, int, int | None]]:
     return hits
 
 
+#: IB counters whose growth some rule judges (link flaps, discards, retransmits).
+IB_WATCHED = ("link_downed", "link_error_recovery", "port_xmit_discards", "excessive_buffer_overrun_errors",
+              "out_of_buffer", *RETRANSMIT_COUNTERS)
+
+
+def congestion_counter_high(name: str, value: int) -> bool:
+    """Is this NIC counter high enough now that its growth could count as congestion?"""
+    if _IGNORE.search(name):
+        return False
+    if _PAUSE.search(name):
+        return value >= PAUSE_GROWTH
+    if _DROP.search(name):
+        return value >= DROP_GROWTH
+    return False
+
+
 def _congestion_hits(node: NodeFacts) -> tuple[list[tuple[str, str, int, bool]], bool]:
     """(file, counter, growth-or-value, from_baseline) of congestion counters; and whether
     any baseline was available on this node."""
@@ -133,7 +151,7 @@ def _congestion_hits(node: NodeFacts) -> tuple[list[tuple[str, str, int, bool]],
     had_baseline = False
     for name, stats in node.ethtool.items():
         base = node.ethtool_base.get(name)
-        had_baseline |= base is not None
+        had_baseline |= base is not None or name in node.baselines
         growth = counter_growth(stats.counters, base.counters if base else None)
         for counter, value in growth.items():
             if _IGNORE.search(counter):
@@ -145,7 +163,7 @@ def _congestion_hits(node: NodeFacts) -> tuple[list[tuple[str, str, int, bool]],
                 hits.append((name, counter, value, False))
     if node.ib is not None:
         base_ports = _ib_port_counters(node, True) if node.ib_base is not None else None
-        had_baseline |= base_ports is not None
+        had_baseline |= base_ports is not None or "ib-counters.txt" in node.baselines
         for key, values in _ib_port_counters(node, False).items():
             growth = counter_growth(values, base_ports.get(key, {}) if base_ports is not None else None)
             for counter in ("port_xmit_discards", "excessive_buffer_overrun_errors", "out_of_buffer"):

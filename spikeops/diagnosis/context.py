@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
+from functools import cached_property
 from datetime import datetime
 from typing import Any
 
@@ -16,6 +17,7 @@ import pandas as pd
 
 from spikeops.diagnosis.evidence import (
     BundleFacts,
+    first_step,
     MetricsTable,
     NodeFacts,
     batch_records,
@@ -32,8 +34,11 @@ __all__ = ["Context", "build_context", "RANK_WINDOW_BEFORE", "RANK_WINDOW_AFTER"
 #: Steps of per-rank rows read before the onset (the peers' normal) and after the spike.
 RANK_WINDOW_BEFORE = 40
 RANK_WINDOW_AFTER = 10
-#: Reference batches compared after a resume (enough to tell a changed order for sure).
-REFERENCE_STEPS = 500
+#: Batches before the onset that give the population of normal token counts.
+BATCH_WINDOW_BEFORE = 8
+#: Steps of reference batches compared after a resume: a lost RNG state changes every
+#: batch, so a few steps of every rank tell it for sure.
+REFERENCE_STEPS = 16
 
 
 @dataclass
@@ -92,6 +97,11 @@ class Context:
             return None
         return (min(self.onset or self.spike, self.spike), self.spike)
 
+    @cached_property
+    def trouble(self) -> tuple[int, int] | None:
+        """``trouble_steps()``, computed once (rules test every batch against it)."""
+        return self.trouble_steps()
+
     def metric_line(self, step: int | None, why: str = "") -> EvidenceLine | None:
         if self.metrics is None or step is None or step not in self.metrics.frame.index:
             return None
@@ -120,8 +130,9 @@ def build_context(facts: BundleFacts, symptom: SymptomResult) -> Context:
     root = facts.path
     trouble = context.trouble_steps()
     if trouble is not None:
-        low, high = trouble[0] - RANK_WINDOW_BEFORE, trouble[1] + RANK_WINDOW_AFTER
-        for name, target, reader in (("ranks.jsonl", "ranks", rank_records), ("batches.jsonl", "batches", batch_records)):
+        for name, target, reader, before in (("ranks.jsonl", "ranks", rank_records, RANK_WINDOW_BEFORE),
+                                             ("batches.jsonl", "batches", batch_records, BATCH_WINDOW_BEFORE)):
+            low, high = trouble[0] - before, trouble[1] + RANK_WINDOW_AFTER
             path = root / name
             if not path.is_file():
                 context.missing.append(f"{name}: absent ({'per-rank' if name.startswith('ranks') else 'batch'} checks skipped)")
@@ -137,15 +148,18 @@ def build_context(facts: BundleFacts, symptom: SymptomResult) -> Context:
                 context.missing.append(f"{name}: no rows for steps {low}..{high}")
     resumed = facts.incident.job.resumed_from
     reference = root / "reference" / "batches.jsonl"
+    current_path = root / "batches.jsonl"
     if resumed is not None and resumed.step is not None and reference.is_file():
         context.reference_present = True
-        low = resumed.step + 1
+        # Compare where both files have steps after the resume: the current file may hold
+        # only a window around the incident, the reference only the steps after S.
+        low = max(resumed.step + 1, first_step(reference) or 0, first_step(current_path) or 0)
         rows, notes = read_jsonl_window(reference, low, low + REFERENCE_STEPS)
         context.missing.extend(notes)
         context.reference = batch_records(rows)
-        if context.reference and (root / "batches.jsonl").is_file():
+        if context.reference and current_path.is_file():
             steps = {record.step for record in context.reference}
-            rows, _ = read_jsonl_window(root / "batches.jsonl", min(steps), max(steps))
+            rows, _ = read_jsonl_window(current_path, min(steps), max(steps))
             current = batch_records(rows)
             known = {(record.step, record.rank) for record in context.batches}
             context.batches.extend(record for record in current if (record.step, record.rank) not in known)

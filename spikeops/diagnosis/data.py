@@ -34,7 +34,7 @@ OVERLONG_VS_POPULATION_ONLY = 8.0
 
 
 def _in_trouble(ctx: Context, record: BatchRecord) -> bool:
-    steps = ctx.trouble_steps()
+    steps = ctx.trouble
     return steps is not None and steps[0] <= record.step <= steps[1]
 
 

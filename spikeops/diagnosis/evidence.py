@@ -48,11 +48,15 @@ __all__ = [
     "load_metrics",
     "load_node",
     "read_jsonl_window",
+    "first_step",
     "rank_records",
     "batch_records",
 ]
 
 METRIC_COLUMNS = ("loss", "grad_norm", "lr", "loss_scale", "throughput")
+#: Steps of history read from a long run (from its end): weeks of training at a few seconds
+#: a step; an incident and its precursors, or a creep since a resume, live well inside it.
+MAX_METRIC_LINES = 100_000
 
 
 @dataclass
@@ -121,58 +125,108 @@ def _frame_from_columns(columns: dict[str, list[Any]], times: pd.Series) -> pd.D
 
 
 def _times(raw: list[Any]) -> pd.Series:
-    """ISO strings or Unix seconds, vectorised, to UTC; anything else NaT."""
+    """ISO strings or Unix seconds (or a mix), vectorised, to UTC; anything else NaT."""
     series = pd.Series(raw, dtype=object)
-    numeric = pd.to_numeric(series, errors="coerce")
-    out = pd.to_datetime(numeric, unit="s", utc=True, errors="coerce")
-    text = series.where(numeric.isna() & series.map(lambda v: isinstance(v, str)))
-    if text.notna().any():
-        parsed = pd.to_datetime(text, utc=True, errors="coerce", format="ISO8601")
-        out = out.fillna(parsed)
-    return out
+    if len(series) == 0:
+        return pd.Series([], dtype="datetime64[ns, UTC]")
+    is_text = (series.map(type) == str).to_numpy()
+    parts = []
+    if is_text.any():
+        text = series[is_text]
+        parsed = pd.to_datetime(text, utc=True, errors="coerce", format="ISO8601").dt.as_unit("ns")
+        numeric_text = parsed.isna()
+        if numeric_text.any():  # "1764439262.5": Unix seconds written as a string
+            seconds = pd.to_numeric(text[numeric_text], errors="coerce")
+            parsed = parsed.where(~numeric_text, pd.to_datetime(seconds, unit="s", utc=True, errors="coerce").dt.as_unit("ns"))
+        parts.append(parsed)
+    if (~is_text).any():
+        seconds = pd.to_numeric(series[~is_text], errors="coerce")
+        parts.append(pd.to_datetime(seconds, unit="s", utc=True, errors="coerce").dt.as_unit("ns"))
+    return pd.concat(parts).reindex(series.index)
+
+
+def _numeric(raw: pd.Series) -> pd.Series:
+    """Numbers, NaN/Infinity and their string spellings ("nan", "-inf") to floats; junk NaN."""
+    if raw.dtype != object:
+        return raw.astype(float)
+    if raw.isna().all():
+        return pd.Series(np.full(len(raw), np.nan), index=raw.index)
+    return pd.to_numeric(raw, errors="coerce").astype(float)
+
+
+def _tail(path: Path, lines: int) -> tuple[int, int, bytes]:
+    """(lines skipped, lines in the file, the bytes of the last ``lines`` lines), reading
+    only the tail into memory (the head is counted, not kept)."""
+    size = path.stat().st_size
+    if size == 0:
+        return 0, 0, b""
+    with open(path, "rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+        end = size - 1 if mm[size - 1:size] == b"\n" else size
+        position = end
+        for _ in range(lines):
+            position = mm.rfind(b"\n", 0, position)
+            if position < 0:
+                break
+        start = 0 if position < 0 else position + 1
+        skipped = 0
+        for chunk in range(0, start, 1 << 24):
+            skipped += mm[chunk:min(start, chunk + (1 << 24))].count(b"\n")
+        tail = mm[start:end]
+    return skipped, skipped + tail.count(b"\n") + 1, tail
 
 
 def _metrics_jsonl(path: Path) -> MetricsTable:
-    columns: dict[str, list[Any]] = {k: [] for k in ("step", *METRIC_COLUMNS, "loss_bad", "grad_bad", "skipped", "time", "line")}
+    """metrics.jsonl in columns: orjson per line (json only for NaN tokens), then vectorised
+    conversions; one Python pass over 500,000 lines is the floor, everything else is numpy."""
+    skipped_head, total_lines, tail = _tail(path, MAX_METRIC_LINES)
+    objects: list[dict[str, Any]] = []
+    numbers: list[int] = []
     bad_lines: list[int] = []
-    with open(path, "rb") as handle:
-        data = handle.read()
-    for number, raw in enumerate(data.split(b"\n"), start=1):
-        if not raw.strip():
+    loads = orjson.loads
+    for number, raw in enumerate(tail.split(b"\n"), start=skipped_head + 1):
+        if not raw or raw.isspace():
             continue
         try:
-            obj = orjson.loads(raw)
+            obj = loads(raw)
         except orjson.JSONDecodeError:
             try:
                 obj = json.loads(raw)  # NaN / Infinity tokens, which orjson refuses
             except (ValueError, RecursionError):
                 bad_lines.append(number)
                 continue
-        if not isinstance(obj, dict):
+        if type(obj) is not dict:
             bad_lines.append(number)
             continue
-        step = obj.get("step")
-        if isinstance(step, float) and step.is_integer():
-            step = int(step)
-        if not isinstance(step, int) or isinstance(step, bool):
-            bad_lines.append(number)
-            continue
-        columns["step"].append(step)
-        loss, loss_bad = _value(obj.get("loss"))
-        grad, grad_bad = _value(obj.get("grad_norm"))
-        columns["loss"].append(loss)
-        columns["loss_bad"].append(loss_bad)
-        columns["grad_norm"].append(grad)
-        columns["grad_bad"].append(grad_bad)
-        for name in ("lr", "loss_scale", "throughput"):
-            columns[name].append(_value(obj.get(name))[0])
-        columns["skipped"].append(bool(obj.get("skipped")) if isinstance(obj.get("skipped"), bool) else False)
-        columns["time"].append(obj.get("time"))
-        columns["line"].append(number)
-    frame = _frame_from_columns(columns, _times(columns.pop("time")))
+        objects.append(obj)
+        numbers.append(number)
+    fields = ["step", *METRIC_COLUMNS, "skipped", "time"]
+    raw = pd.DataFrame.from_records(objects, columns=fields) if objects else pd.DataFrame(columns=fields)
+    lines = np.asarray(numbers, dtype=np.int64)
+    step = raw["step"] if raw["step"].dtype.kind in "iu" else pd.to_numeric(raw["step"], errors="coerce")
+    valid = (step.notna() & (step == step.round())).to_numpy()
+    if not valid.all():
+        bad_lines.extend(lines[~valid].tolist())
+    columns: dict[str, Any] = {"step": step.to_numpy()[valid].astype(np.int64)}
+    for name in METRIC_COLUMNS:
+        columns[name] = _numeric(raw[name]).to_numpy()[valid]
+    for name, flag in (("loss", "loss_bad"), ("grad_norm", "grad_bad")):
+        logged = np.fromiter((o.get(name) is not None for o in objects), dtype=bool, count=len(objects))[valid]
+        values = columns[name]
+        columns[flag] = logged & ~np.isfinite(values)
+        columns[name] = np.where(np.isfinite(values), values, np.nan)
+    for name in ("lr", "loss_scale", "throughput"):
+        columns[name] = np.where(np.isfinite(columns[name]), columns[name], np.nan)
+    skipped = raw["skipped"]
+    columns["skipped"] = (skipped.to_numpy() == True)[valid] if skipped.notna().any() else np.zeros(int(valid.sum()), dtype=bool)  # noqa: E712
+    columns["line"] = lines[valid]
+    times = _times(raw["time"].to_numpy()[valid].tolist())
+    frame = _frame_from_columns(columns, times)
     gaps = []
     if bad_lines:
-        gaps.append(f"metrics.jsonl: {len(bad_lines)} unreadable line(s), first at line {bad_lines[0]}")
+        gaps.append(f"metrics.jsonl: {len(bad_lines)} unreadable line(s), first at line {min(bad_lines)}")
+    if skipped_head:
+        gaps.append(f"metrics.jsonl: only the last {MAX_METRIC_LINES:,} of {total_lines:,} lines were read "
+                    f"(earlier history is not needed to judge this incident)")
     return MetricsTable(frame, path.name, gaps)
 
 
@@ -224,16 +278,21 @@ def load_metrics(bundle: Bundle) -> tuple[MetricsTable | None, list[str]]:
 # --------------------------------------------------------------------- JSONL step windows
 
 
-def _step_of(line: bytes) -> int | None:
+def _load(line: bytes) -> dict[str, Any] | None:
     try:
         obj = orjson.loads(line)
     except orjson.JSONDecodeError:
         try:
-            obj = json.loads(line)
+            obj = json.loads(line)  # NaN / Infinity tokens
         except (ValueError, RecursionError):
             return None
-    step = obj.get("step") if isinstance(obj, dict) else None
-    return step if isinstance(step, int) and not isinstance(step, bool) else None
+    return obj if type(obj) is dict else None
+
+
+def _step_of(line: bytes) -> int | None:
+    obj = _load(line)
+    step = obj.get("step") if obj is not None else None
+    return step if type(step) is int else None
 
 
 def _line_at(mm: mmap.mmap, offset: int) -> tuple[int, int]:
@@ -275,92 +334,104 @@ def _sorted_by_step(mm: mmap.mmap, samples: int = 33) -> bool:
     return all(a <= b for a, b in zip(steps, steps[1:]))
 
 
-def read_jsonl_window(path: Path, lo: int, hi: int, *, limit: int = 2_000_000) -> tuple[list[tuple[int, bytes]], list[str]]:
-    """Lines (number, raw) of a JSONL file whose ``step`` is in [lo, hi].
+Row = tuple[int, dict[str, Any], bytes]
+
+
+def first_step(path: Path) -> int | None:
+    """The step of a JSONL file's first readable line (files are in step order)."""
+    if not path.is_file():
+        return None
+    with open(path, "rb") as handle:
+        for _ in range(100):
+            line = handle.readline(1 << 20)
+            if not line:
+                return None
+            step = _step_of(line)
+            if step is not None:
+                return step
+    return None
+
+
+def read_jsonl_window(path: Path, lo: int, hi: int, *, limit: int = 2_000_000) -> tuple[list[Row], list[str]]:
+    """Rows (line number, object, raw line) of a JSONL file whose ``step`` is in [lo, hi].
 
     In a file in step order (the spec's), finds the range by binary search over byte offsets
-    and numbers the lines by counting newlines before it; otherwise scans every line.
+    and numbers the lines by counting newlines before it; otherwise scans every line. Each
+    line in the range is parsed once.
     """
     notes: list[str] = []
     size = path.stat().st_size
     if size == 0:
         return [], notes
     with open(path, "rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-        rows: list[tuple[int, bytes]] = []
+        rows: list[Row] = []
         if _sorted_by_step(mm):
             offset = _first_offset_at_or_after(mm, lo)
             number = 1
             for chunk_start in range(0, offset, 1 << 24):
                 number += mm[chunk_start : min(offset, chunk_start + (1 << 24))].count(b"\n")
-            position = offset
-            while position < size and len(rows) < limit:
-                end = mm.find(b"\n", position)
-                end = size if end < 0 else end
-                raw = mm[position:end]
-                step = _step_of(raw) if raw.strip() else None
-                if step is not None and step > hi:
-                    break
-                if step is not None and step >= lo:
-                    rows.append((number, raw))
-                number += 1
-                position = end + 1
+            end_offset = _first_offset_at_or_after(mm, hi + 1)
+            block = mm[offset:end_offset]
+            for number, raw in enumerate(block.split(b"\n"), start=number):
+                obj = _load(raw) if raw and not raw.isspace() else None
+                step = obj.get("step") if obj is not None else None
+                if type(step) is int and lo <= step <= hi:
+                    rows.append((number, obj, raw))
+                    if len(rows) >= limit:
+                        break
             return rows, notes
         notes.append(f"{path.name}: not in step order; read whole")
         for number, raw in enumerate(mm[:].split(b"\n"), start=1):
-            step = _step_of(raw) if raw.strip() else None
-            if step is not None and lo <= step <= hi:
-                rows.append((number, raw))
+            obj = _load(raw) if raw and not raw.isspace() else None
+            step = obj.get("step") if obj is not None else None
+            if type(step) is int and lo <= step <= hi:
+                rows.append((number, obj, raw))
                 if len(rows) >= limit:
                     break
         return rows, notes
 
 
-def _objects(rows: list[tuple[int, bytes]]) -> list[tuple[int, dict[str, Any], str]]:
-    out = []
-    for number, raw in rows:
-        try:
-            obj = orjson.loads(raw)
-        except orjson.JSONDecodeError:
-            try:
-                obj = json.loads(raw)
-            except (ValueError, RecursionError):
-                continue
-        if isinstance(obj, dict):
-            out.append((number, obj, raw.decode("utf-8", "replace")))
-    return out
+def _float(value: Any) -> float | None:
+    if type(value) is float or type(value) is int:
+        return float(value)
+    return read_float(value)
 
 
-def rank_records(rows: list[tuple[int, bytes]]) -> list[RankRecord]:
+def _int(value: Any) -> int | None:
+    if type(value) is int:
+        return value
+    number = read_float(value)
+    return int(number) if number is not None and math.isfinite(number) else None
+
+
+def rank_records(rows: list[Row]) -> list[RankRecord]:
     records = []
-    for number, obj, _text in _objects(rows):
+    for number, obj, _raw in rows:
         step, rank = obj.get("step"), obj.get("rank")
-        if not isinstance(step, int) or not isinstance(rank, int):
+        if type(step) is not int or type(rank) is not int:
             continue
-        records.append(RankRecord(step, rank, read_float(obj.get("loss")), read_float(obj.get("grad_norm")),
-                                  read_float(obj.get("mem_allocated_gb")), number))
+        records.append(RankRecord(step, rank, _float(obj.get("loss")), _float(obj.get("grad_norm")),
+                                  _float(obj.get("mem_allocated_gb")), number))
     return records
 
 
-def batch_records(rows: list[tuple[int, bytes]]) -> list[BatchRecord]:
-    def integer(value: Any) -> int | None:
-        number = read_float(value)
-        return int(number) if number is not None and math.isfinite(number) else None
-
+def batch_records(rows: list[Row]) -> list[BatchRecord]:
     records = []
-    for number, obj, text in _objects(rows):
+    for number, obj, raw in rows:
         step = obj.get("step")
-        if not isinstance(step, int):
+        if type(step) is not int:
             continue
         ids = obj.get("sample_ids")
         fingerprint = obj.get("fingerprint")
+        source = obj.get("source")
         records.append(BatchRecord(
-            step=step, rank=integer(obj.get("rank")),
+            step=step, rank=_int(obj.get("rank")),
             fingerprint=None if fingerprint is None else str(fingerprint),
-            num_samples=integer(obj.get("num_samples")), max_tokens=integer(obj.get("max_tokens")),
-            min_tokens=integer(obj.get("min_tokens")), num_empty=integer(obj.get("num_empty")),
-            sample_ids=[str(i) for i in ids] if isinstance(ids, list) else [],
-            source=obj.get("source") if isinstance(obj.get("source"), str) else None,
-            line=number, text=clip(text),
+            num_samples=_int(obj.get("num_samples")), max_tokens=_int(obj.get("max_tokens")),
+            min_tokens=_int(obj.get("min_tokens")), num_empty=_int(obj.get("num_empty")),
+            sample_ids=[str(i) for i in ids] if type(ids) is list else [],
+            source=source if type(source) is str else None,
+            line=number, text=clip(raw.decode("utf-8", "replace")),
         ))
     return records
 
@@ -389,6 +460,8 @@ class NodeFacts:
     ib_base: Any = None
     nccl: Any = None
     nccl_version: Any = None
+    #: Probe files that have a baseline capture (parsed only when it could matter).
+    baselines: set[str] = field(default_factory=set)
 
     def file(self, name: str, *, baseline: bool = False) -> str:
         return f"nodes/{self.name}/{'baseline/' if baseline else ''}{name}"
@@ -424,6 +497,34 @@ def _read(folder: Path, name: str, kind: str, facts: NodeFacts, *, baseline: boo
     return raw, result
 
 
+def _ethtool_could_have_grown(stats: Any) -> bool:
+    """Growth can only exceed the congestion thresholds if the counter is that high now;
+    below them the baseline cannot change the verdict, so it is not parsed."""
+    from spikeops.diagnosis.communication import congestion_counter_high
+
+    return any(congestion_counter_high(name, value) for name, value in stats.counters.items())
+
+
+def _ib_could_have_grown(counters: Any) -> bool:
+    from spikeops.diagnosis.communication import IB_WATCHED
+
+    return any(port.counters.get(name, 0) or port.hw_counters.get(name, 0)
+               for port in counters.ports for name in IB_WATCHED)
+
+
+def _memory_trouble(report: Any) -> bool:
+    """Any uncorrectable ECC, remapped row or retired page now: the baseline then matters."""
+    for gpu in getattr(report, "gpus", []):
+        rows, pages = gpu.remapped_rows, gpu.retired_pages
+        if (gpu.uncorrectable_ecc() or 0) > 0:
+            return True
+        if rows is not None and ((rows.uncorrectable or 0) > 0 or rows.failure or rows.pending):
+            return True
+        if pages is not None and ((pages.double_bit or 0) > 0 or pages.pending):
+            return True
+    return False
+
+
 def load_node(bundle_path: str, node: str) -> NodeFacts:
     """Parse one node's folder (run in a worker process for large bundles)."""
     folder = Path(bundle_path) / "nodes" / node
@@ -447,38 +548,49 @@ def load_node(bundle_path: str, node: str) -> NodeFacts:
         got = _read(folder, name, kind, facts)
         if got is not None:
             setattr(facts, attribute, got[1])
-            if attribute == "ib":
-                base = _read(folder / "baseline", name, kind, facts, baseline=True, current=got)
-                facts.ib_base = base[1] if base else None
+            if attribute == "ib" and (folder / "baseline" / name).is_file():
+                facts.baselines.add(name)
+                if _ib_could_have_grown(got[1]):
+                    base = _read(folder / "baseline", name, kind, facts, baseline=True, current=got)
+                    facts.ib_base = base[1] if base else None
     for name, kind in _SMI_FILES:
         got = _read(folder, name, kind, facts)
         if got is None or not getattr(got[1], "gpus", None) and not getattr(got[1], "errors", None):
             continue
         facts.smi, facts.smi_file = got[1], name
-        base = _read(folder / "baseline", name, kind, facts, baseline=True, current=got)
-        if base is not None:
-            facts.smi_base, facts.smi_base_file = base[1], name
+        if _memory_trouble(got[1]):  # nothing uncorrectable now: nothing can have grown
+            base = _read(folder / "baseline", name, kind, facts, baseline=True, current=got)
+            if base is not None:
+                facts.smi_base, facts.smi_base_file = base[1], name
         break
     for path in sorted(folder.glob("ethtool-*.txt")):
         got = _read(folder, path.name, "ethtool", facts)
         if got is None:
             continue
         facts.ethtool[path.name] = got[1]
-        base = _read(folder / "baseline", path.name, "ethtool", facts, baseline=True, current=got)
-        if base is not None:
-            facts.ethtool_base[path.name] = base[1]
+        if (folder / "baseline" / path.name).is_file():
+            facts.baselines.add(path.name)
+            if _ethtool_could_have_grown(got[1]):
+                base = _read(folder / "baseline", path.name, "ethtool", facts, baseline=True, current=got)
+                if base is not None:
+                    facts.ethtool_base[path.name] = base[1]
     return facts
 
 
-def _load_nodes(bundle: Bundle, workers: int | None) -> list[NodeFacts]:
+def _load_nodes_and_metrics(bundle: Bundle, workers: int | None) -> tuple[list[NodeFacts], MetricsTable | None, list[str]]:
+    """Nodes in worker processes while this process reads the step metrics: on a 256-node
+    bundle both take seconds, and they need nothing from each other."""
     names = bundle.nodes()
     if workers is None:
         workers = min(os.cpu_count() or 1, 8) if len(names) >= 24 else 1
     if workers <= 1 or len(names) < 2:
-        return [load_node(str(bundle.path), name) for name in names]
+        metrics, notes = load_metrics(bundle)
+        return [load_node(str(bundle.path), name) for name in names], metrics, notes
     with ProcessPoolExecutor(max_workers=workers) as pool:
         chunk = max(1, len(names) // (workers * 4))
-        return list(pool.map(load_node, [str(bundle.path)] * len(names), names, chunksize=chunk))
+        pending = pool.map(load_node, [str(bundle.path)] * len(names), names, chunksize=chunk)
+        metrics, notes = load_metrics(bundle)
+        return list(pending), metrics, notes
 
 
 @dataclass
@@ -502,9 +614,8 @@ def load_bundle(path: str | Path, *, workers: int | None = None) -> BundleFacts:
     """Open and read a bundle (BundleError if it cannot be opened at all)."""
     bundle = open_bundle(path)
     missing = list(bundle.missing)
-    metrics, metric_notes = load_metrics(bundle)
+    nodes, metrics, metric_notes = _load_nodes_and_metrics(bundle, workers)
     missing.extend(metric_notes)
-    nodes = _load_nodes(bundle, workers)
     for facts in nodes:
         if facts.unreachable:
             missing.append(f"nodes/{facts.name}: unreachable")

@@ -690,10 +690,11 @@ class _Node:
     line: int
     indent: int
     children: list[_Node] = field(default_factory=list)
+    #: The normalised key, computed once: lookups by name are the parser's hot loop.
+    name: str = field(init=False)
 
-    @property
-    def name(self) -> str:
-        return _norm(self.key)
+    def __post_init__(self) -> None:
+        self.name = _norm(self.key)
 
     def child(self, *names: str) -> _Node | None:
         for node in self.children:
@@ -809,7 +810,7 @@ class _QReader:
         if not self.stack:
             return  # part of a top-level section before the first GPU
         stripped = line.strip()
-        if _ELISION.match(stripped):
+        if stripped[0] in "[.…" and _ELISION.match(stripped):
             self.gaps.add("elided in the source ([...]): the lines left out are not known", number)
             return
         indent, key, value = _split_line(line)
