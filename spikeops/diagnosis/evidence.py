@@ -364,31 +364,27 @@ def read_jsonl_window(path: Path, lo: int, hi: int, *, limit: int = 2_000_000) -
     if size == 0:
         return [], notes
     with open(path, "rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-        rows: list[Row] = []
         if _sorted_by_step(mm):
             offset = _first_offset_at_or_after(mm, lo)
             number = 1
             for chunk_start in range(0, offset, 1 << 24):
                 number += mm[chunk_start : min(offset, chunk_start + (1 << 24))].count(b"\n")
             end_offset = _first_offset_at_or_after(mm, hi + 1)
-            block = mm[offset:end_offset]
-            for number, raw in enumerate(block.split(b"\n"), start=number):
-                obj = _load(raw) if raw and not raw.isspace() else None
-                step = obj.get("step") if obj is not None else None
-                if type(step) is int and lo <= step <= hi:
-                    rows.append((number, obj, raw))
-                    if len(rows) >= limit:
-                        break
-            return rows, notes
+            return _rows_in(mm[offset:end_offset], number, lo, hi, limit), notes
         notes.append(f"{path.name}: not in step order; read whole")
-        for number, raw in enumerate(mm[:].split(b"\n"), start=1):
-            obj = _load(raw) if raw and not raw.isspace() else None
-            step = obj.get("step") if obj is not None else None
-            if type(step) is int and lo <= step <= hi:
-                rows.append((number, obj, raw))
-                if len(rows) >= limit:
-                    break
-        return rows, notes
+        return _rows_in(mm[:], 1, lo, hi, limit), notes
+
+
+def _rows_in(block: bytes, first_number: int, lo: int, hi: int, limit: int) -> list[Row]:
+    rows: list[Row] = []
+    for number, raw in enumerate(block.split(b"\n"), start=first_number):
+        obj = _load(raw) if raw and not raw.isspace() else None
+        step = obj.get("step") if obj is not None else None
+        if type(step) is int and lo <= step <= hi:
+            rows.append((number, obj, raw))
+            if len(rows) >= limit:
+                break
+    return rows
 
 
 def _float(value: Any) -> float | None:
