@@ -150,3 +150,37 @@ def test_real_fp16_logs_show_a_loss_scale_collapse(tmp_path, name):
     assert document["culprit_nodes"] == []
     kinds = [action["kind"] for action in document["actions"]]
     assert "stop_job" in kinds and "check_loss_scale" in kinds
+
+
+def test_metrics_that_stop_before_the_window_still_show_the_nan(tmp_path):
+    """A job that died stops logging before the alert fires: its last NaN must still count."""
+    import math
+    from datetime import UTC, datetime, timedelta
+
+    start = datetime(2026, 11, 29, 17, 0, tzinfo=UTC)
+    rows = []
+    for index in range(300):
+        loss = 2.5 - index * 0.001 + (0.01 if index % 2 else -0.01)
+        rows.append({"step": 5000 + index, "time": (start + timedelta(seconds=10 * index)).isoformat(),
+                     "loss": math.nan if index >= 290 else loss, "grad_norm": 0.8})
+    writer = BundleWriter(tmp_path)
+    writer.write_incident({**INCIDENT, "window": {"start": "2026-11-29T18:05:00Z", "end": "2026-11-29T18:10:00Z"}})
+    writer.write_jsonl("metrics.jsonl", rows)
+    document = diagnose(tmp_path).to_json()
+    assert (document["symptom"], document["spike_step"]) == ("instant_nan", 5290)
+
+
+def test_old_spike_long_before_the_window_is_history(tmp_path):
+    from datetime import UTC, datetime, timedelta
+
+    start = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
+    rows = []
+    for index in range(2000):
+        loss = 2.5 + (0.01 if index % 2 else -0.01) + (3.0 if index == 100 else 0.0)
+        rows.append({"step": index, "time": (start + timedelta(seconds=10 * index)).isoformat(), "loss": loss})
+    writer = BundleWriter(tmp_path)
+    writer.write_incident({**INCIDENT, "window": {"start": "2026-11-29T17:20:00Z", "end": "2026-11-29T17:30:00Z"}})
+    writer.write_jsonl("metrics.jsonl", rows)
+    document = diagnose(tmp_path).to_json()
+    assert document["symptom"] == "none"
+    assert document["primary"]["cause"] == "false_alarm"

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import traceback
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,7 @@ from spikeops.diagnosis.actions import plan_actions
 from spikeops.diagnosis.context import Context, build_context
 from spikeops.diagnosis.evidence import BundleFacts, load_bundle
 from spikeops.diagnosis.model import LAYERS, Diagnosis, EvidenceLine, Finding
-from spikeops.diagnosis.symptom import classify
+from spikeops.diagnosis.symptom import WINDOW, classify
 
 __all__ = ["diagnose", "diagnose_facts", "ALL_RULES", "PRIMARY_THRESHOLD"]
 
@@ -137,15 +138,28 @@ def _dedupe(items: list[Any]) -> list[Any]:
     return out
 
 
+def _focus(facts: BundleFacts) -> int | None:
+    """The first step that may be the spike: the window's start, moved back by the window's
+    length (at least 10 minutes), because metrics lag and a job that died stops logging
+    before the alert fires. None (the whole run) when steps carry no times."""
+    window = facts.incident.window
+    if facts.metrics is None or window is None or window.start is None:
+        return None
+    frame = facts.metrics.frame
+    if not frame["time"].notna().any():
+        return None
+    span = (window.end - window.start) if window.end is not None else timedelta(0)
+    start = window.start - max(span, timedelta(minutes=10))
+    focus = facts.metrics.step_at_or_after(start)
+    if focus is None:  # every logged step is older than the window: judge the last stretch
+        focus = int(frame.index[max(0, len(frame) - WINDOW)])
+    return focus
+
+
 def diagnose_facts(facts: BundleFacts) -> Diagnosis:
     """The diagnosis of an already-loaded bundle (pure over ``facts``)."""
     frame = facts.metrics.frame if facts.metrics is not None else None
-    focus = None
-    window = facts.incident.window
-    if facts.metrics is not None and window is not None and window.start is not None:
-        focus = facts.metrics.step_at_or_after(window.start)
-        if focus is None:
-            focus = int(frame.index[-1]) + 1 if frame["time"].notna().any() else None
+    focus = _focus(facts)
     symptom = classify(frame, focus)
     ctx = build_context(facts, symptom)
     findings = [finding for rule in ALL_RULES for finding in _run(rule, ctx)]

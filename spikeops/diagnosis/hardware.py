@@ -18,6 +18,7 @@ that holds:
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
@@ -71,13 +72,22 @@ def nccl_bus_to_pci(bus: str) -> str | None:
     return f"{domain:04x}:{number:02x}:{device:02x}"
 
 
+_PCI_ANYWHERE = re.compile(r"([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2})(?:\.[0-7])?")
+
+
+def _pci_in(text: str) -> str | None:
+    """A PCI address anywhere in a message, even glued to a word (``GPU0000:5D:00.0``)."""
+    match = _PCI_ANYWHERE.search(text)
+    return normalize_pci(match.group(1)) if match else None
+
+
 def _smi_trouble(node: NodeFacts, pci: str | None) -> str | None:
     """Current-state corroboration that a GPU is in trouble (nvidia-smi/NVML saying so)."""
     messages = [m.text for m in getattr(node.smi, "errors", [])] + list(node.stderr.values())
     for message in messages:
         lowered = message.lower()
         if any(marker in lowered for marker in _SMI_LOST):
-            if pci is None or normalize_pci(message) in (None, pci):
+            if pci is None or _pci_in(message) in (None, pci):
                 return message
     if node.smi is not None and pci is not None and node.smi.gpus:
         attached = getattr(node.smi, "attached_gpus", None)
