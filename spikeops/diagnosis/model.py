@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from spikeops.vocabulary import LAYER_OF, LAYERS, SYMPTOMS
+
 __all__ = [
     "DIAGNOSIS_FORMAT",
     "LAYERS",
@@ -23,30 +25,8 @@ __all__ = [
 
 DIAGNOSIS_FORMAT = "spikeops-diagnosis/1"
 
-#: Investigation order (the seed's framework), then checkpoint integrity and "none".
-LAYERS = ("data", "numeric", "communication", "hardware", "checkpoint", "none")
-
-#: The spec's cause table: cause -> layer.
-CAUSES: dict[str, str] = {
-    "overlong_sample": "data",
-    "corrupted_sample": "data",
-    "rng_not_restored": "data",
-    "rank_data_misalignment": "data",
-    "grad_explosion": "numeric",
-    "lr_too_high": "numeric",
-    "loss_scale_collapse": "numeric",
-    "nccl_error": "communication",
-    "network_congestion": "communication",
-    "nccl_version_mismatch": "communication",
-    "gpu_xid": "hardware",
-    "gpu_ecc": "hardware",
-    "ib_link_flap": "hardware",
-    "thermal_throttle": "hardware",
-    "corrupted_checkpoint": "checkpoint",
-    "false_alarm": "none",
-}
-
-SYMPTOMS = ("instant_nan", "single_spike", "spike_no_recovery", "creeping_increase", "none")
+#: The spec's cause table: cause -> layer (shared with the simulator: spikeops.vocabulary).
+CAUSES: dict[str, str] = LAYER_OF
 
 
 @dataclass(frozen=True)

@@ -151,6 +151,10 @@ def numeric_loss_scale_collapse(ctx: Context) -> list[Finding]:
     if ratio > 0.1 or (drops < 3 and skipped < 3):
         ctx.ruled_out.append(RuledOut("numeric", f"loss scale did not collapse (its steepest recent fall: {high:g} to {low:g})"))
         return []
+    if ctx.symptom.symptom == "instant_nan" and ctx.spike is not None and start > ctx.spike:
+        # fp16 scalers halve on every non-finite step: after a NaN the fall is its echo.
+        ctx.ruled_out.append(RuledOut("numeric", f"the loss scale fell only after the NaN at step {ctx.spike}: a consequence"))
+        return []
     confidence = 0.8 if ratio <= 0.01 else 0.6
     evidence = [line for line in (ctx.metric_line(start, "loss scale starts falling"),
                                   ctx.metric_line(low_step, "lowest loss scale")) if line]
