@@ -110,7 +110,7 @@ def data_corrupted_sample(ctx: Context) -> list[Finding]:
             summary=f"rank {record.rank}'s batch at step {record.step} holds {what}"
             + (" (but such batches are common in this run)" if common else ""),
             nodes=[node] if node else [], ranks=[record.rank] if record.rank is not None else [],
-            step=record.step, evidence=[_line(record)],
+            step=record.step, evidence=[_line(record)], history=bool(common),
         ))
     if not findings and ctx.batches:
         ctx.ruled_out.append(RuledOut("data", "no empty or zero-token samples in the batches of the trouble steps"))

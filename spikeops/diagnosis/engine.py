@@ -34,6 +34,8 @@ __all__ = ["diagnose", "diagnose_facts", "ALL_RULES", "PRIMARY_THRESHOLD"]
 ALL_RULES = (*data.RULES, *numeric.RULES, *communication.RULES, *hardware.RULES, *checkpoint.RULES)
 #: A finding must reach this confidence to be the primary cause or to convict nodes.
 PRIMARY_THRESHOLD = 0.5
+#: Below it, a weak but current finding still beats the symptom's generic direction.
+TENTATIVE_THRESHOLD = 0.4
 #: When nothing holds, the symptom's most likely direction (the seed's table), said weakly.
 _FALLBACK = {
     "instant_nan": ("numeric", "grad_explosion"),
@@ -166,14 +168,15 @@ def diagnose_facts(facts: BundleFacts) -> Diagnosis:
     _weigh(findings)
     findings.sort(key=_order)
 
-    holding = [f for f in findings if f.confidence >= PRIMARY_THRESHOLD]
+    holding = [f for f in findings if f.confidence >= PRIMARY_THRESHOLD and not f.history]
+    tentative = [f for f in findings if f.confidence >= TENTATIVE_THRESHOLD and not f.history]
     if symptom.symptom == "none" and not holding:
         primary = _false_alarm(ctx, weak=bool(findings))
         findings.insert(0, primary)
     elif holding:
         primary = holding[0]
-    elif findings:
-        primary = findings[0]
+    elif tentative:
+        primary = tentative[0]
     else:
         primary = _fallback(ctx)
         findings.insert(0, primary)

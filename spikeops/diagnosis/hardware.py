@@ -245,6 +245,7 @@ def hw_gpu_ecc(ctx: Context) -> list[Finding]:
                         summary=f"{node.name} GPU {gpu.pci}: {now} uncorrectable ECC error(s), remapped rows "
                                 f"uncorrectable {rows}{', pending' if pending else ''} ({note}): history, not this incident",
                         nodes=[node.name], evidence=[EvidenceLine(node.file(node.smi_file), gpu.line, f"GPU {gpu.bus_id}: uncorrectable ECC {now}")],
+                        history=True,
                     ))
                 elif (gpu.correctable_ecc() or 0) > 0:
                     correctable_only.append(f"{node.name} GPU {gpu.pci}")
@@ -332,6 +333,7 @@ def hw_ib_link_flap(ctx: Context) -> list[Finding]:
                             layer="hardware", cause="ib_link_flap", confidence=0.3,
                             summary=f"{node.name} {port.device} port {port.port}: {counter} = {now} (no baseline: may be old)",
                             nodes=[node.name], evidence=[EvidenceLine(node.file("ib-counters.txt"), port.lines.get(counter) if hasattr(port, "lines") else None, f"{counter}:{now}")],
+                            history=True,
                         ))
         if node.ibstat is not None:
             for port in _rail_ports(node):

@@ -55,6 +55,8 @@ class Finding:
     convicts: bool = False
     #: The first step this finding says the trouble touched (hardware event, resume...).
     onset_step: int | None = None
+    #: Listed for completeness (old, unchanged, or everywhere): never the primary cause.
+    history: bool = False
 
     def __post_init__(self) -> None:
         if CAUSES.get(self.cause) != self.layer:

@@ -72,7 +72,8 @@ def numeric_lr_too_high(ctx: Context) -> list[Finding]:
     else:
         peak_step = int(lr.loc[: ctx.spike].idxmax()) if lr.loc[: ctx.spike].notna().any() else None
         ramped = lr.loc[:ctx.spike].dropna()
-        if peak_step is not None and len(ramped) > 5 and peak_step in window.index and ramped.iloc[0] < 0.5 * ramped.max():
+        rising = len(ramped) > 5 and ramped.loc[: peak_step].iloc[0] < 0.9 * ramped.max() if peak_step is not None else False
+        if peak_step is not None and peak_step in window.index and rising:
             step = peak_step
             reason = f"the LR reached its peak {float(lr.loc[peak_step]):.3g} at step {peak_step}"
     if reason is None:
@@ -148,14 +149,17 @@ def numeric_loss_scale_collapse(ctx: Context) -> list[Finding]:
     ratios = cluster.shift(1) / cluster
     drops = int(round(float(np.log2(ratios[(ratios > 1) & np.isfinite(ratios)]).sum())))
     skipped = int(frame["skipped"].loc[start:low_step].sum())
-    if ratio > 0.1 or (drops < 3 and skipped < 3):
+    # Dynamic scalers stop at 1 (DeepSpeed's and Megatron's floor); below it is broken even
+    # when the fall from a low level is short.
+    below_floor = high >= 1 and low < 1 and (drops >= 2 or skipped >= 2)
+    if not below_floor and (ratio > 0.1 or (drops < 3 and skipped < 3)):
         ctx.ruled_out.append(RuledOut("numeric", f"loss scale did not collapse (its steepest recent fall: {high:g} to {low:g})"))
         return []
-    if ctx.symptom.symptom == "instant_nan" and ctx.spike is not None and start > ctx.spike:
+    if ctx.symptom.symptom == "instant_nan" and ctx.spike is not None and start >= ctx.spike:
         # fp16 scalers halve on every non-finite step: after a NaN the fall is its echo.
         ctx.ruled_out.append(RuledOut("numeric", f"the loss scale fell only after the NaN at step {ctx.spike}: a consequence"))
         return []
-    confidence = 0.8 if ratio <= 0.01 else 0.6
+    confidence = 0.8 if ratio <= 0.01 or low < 1 else 0.6
     evidence = [line for line in (ctx.metric_line(start, "loss scale starts falling"),
                                   ctx.metric_line(low_step, "lowest loss scale")) if line]
     return [Finding(
