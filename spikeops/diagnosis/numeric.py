@@ -85,7 +85,7 @@ def numeric_lr_too_high(ctx: Context) -> list[Finding]:
         layer="numeric", cause="lr_too_high", confidence=confidence,
         summary=f"{reason}; the loss spiked at step {ctx.spike}"
                 + (" and did not recover" if ctx.symptom.symptom == "spike_no_recovery" else ""),
-        step=step, evidence=evidence, onset_step=step,
+        step=step, evidence=evidence, onset_step=step if len(jumps) else None,
     )]
 
 
