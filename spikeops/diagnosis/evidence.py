@@ -154,6 +154,20 @@ def _numeric(raw: pd.Series) -> pd.Series:
     return pd.to_numeric(raw, errors="coerce").astype(float)
 
 
+def _count_newlines(handle: Any, end: int) -> int:
+    """Newlines in the first ``end`` bytes, read with plain reads: counting through the mmap
+    would map every page of a multi-GB file into this process's resident set."""
+    handle.seek(0)
+    count, remaining = 0, end
+    while remaining > 0:
+        chunk = handle.read(min(1 << 22, remaining))
+        if not chunk:
+            break
+        count += chunk.count(b"\n")
+        remaining -= len(chunk)
+    return count
+
+
 def _tail(path: Path, lines: int) -> tuple[int, int, bytes]:
     """(lines skipped, lines in the file, the bytes of the last ``lines`` lines), reading
     only the tail into memory (the head is counted, not kept)."""
@@ -168,9 +182,7 @@ def _tail(path: Path, lines: int) -> tuple[int, int, bytes]:
             if position < 0:
                 break
         start = 0 if position < 0 else position + 1
-        skipped = 0
-        for chunk in range(0, start, 1 << 24):
-            skipped += mm[chunk:min(start, chunk + (1 << 24))].count(b"\n")
+        skipped = _count_newlines(handle, start)
         tail = mm[start:end]
     return skipped, skipped + tail.count(b"\n") + 1, tail
 
@@ -366,9 +378,7 @@ def read_jsonl_window(path: Path, lo: int, hi: int, *, limit: int = 2_000_000) -
     with open(path, "rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as mm:
         if _sorted_by_step(mm):
             offset = _first_offset_at_or_after(mm, lo)
-            number = 1
-            for chunk_start in range(0, offset, 1 << 24):
-                number += mm[chunk_start : min(offset, chunk_start + (1 << 24))].count(b"\n")
+            number = 1 + _count_newlines(handle, offset)
             end_offset = _first_offset_at_or_after(mm, hi + 1)
             return _rows_in(mm[offset:end_offset], number, lo, hi, limit), notes
         notes.append(f"{path.name}: not in step order; read whole")
