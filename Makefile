@@ -35,6 +35,7 @@ test: $(STAMP) apt
 
 bench: $(STAMP)
 	$(BIN)/python bench/bench_parsers.py
+	$(BIN)/python bench/bench_diagnose.py
 
 example: $(STAMP)
 	$(BIN)/python examples/build_example.py
