@@ -12,7 +12,7 @@ APT_PACKAGES :=
 .PHONY: demo test venv apt bench example clean help
 
 help:
-	@echo "make demo   - show what spikeops reads from the example incident bundle"
+	@echo "make demo   - diagnose the example incident bundle (examples/bundle-xid79)"
 	@echo "make test   - run the whole test suite (creates .venv, installs what it needs)"
 	@echo "make bench  - run the benchmarks in bench/ (by hand; results go in the README)"
 
@@ -28,7 +28,9 @@ apt:
 	@infra/apt-ensure.sh $(APT_PACKAGES)
 
 demo: $(STAMP)
-	$(BIN)/spikeops parse examples/bundle-xid79
+	$(BIN)/spikeops diagnose --no-write examples/bundle-xid79
+	@echo
+	@echo "what spikeops read in each file: $(BIN)/spikeops parse examples/bundle-xid79"
 
 test: $(STAMP) apt
 	$(BIN)/python -m pytest
