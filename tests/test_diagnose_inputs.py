@@ -184,3 +184,15 @@ def test_old_spike_long_before_the_window_is_history(tmp_path):
     document = diagnose(tmp_path).to_json()
     assert document["symptom"] == "none"
     assert document["primary"]["cause"] == "false_alarm"
+
+
+def test_rank0_node_train_log_is_the_last_resort_for_metrics(tmp_path):
+    writer = BundleWriter(tmp_path)
+    writer.write_incident({**INCIDENT, "window": None})
+    log = (REAL / "training-logs" / "13b-fp16-lm-loss-spike-3-to-9_bigscience.txt").read_bytes()
+    writer.write_probe_output("n1", "train.log", log)
+    document = diagnose(tmp_path).to_json()
+    assert (document["symptom"], document["spike_step"]) == ("spike_no_recovery", 29050)
+    assert "step metrics read from nodes/n1/train.log" in " ".join(document["missing"])
+    evidence = document["findings"][0]["evidence"]
+    assert evidence and evidence[0]["file"] == "nodes/n1/train.log"

@@ -269,7 +269,12 @@ def _metrics_from_log(path: Path, kind: str) -> MetricsTable:
 def load_metrics(bundle: Bundle) -> tuple[MetricsTable | None, list[str]]:
     """metrics.jsonl, else train.log; (None, reasons) when neither gives a step."""
     missing: list[str] = []
-    for name, kind in (("metrics.jsonl", "metrics-jsonl"), ("train.log", "training-log")):
+    candidates = [("metrics.jsonl", "metrics-jsonl"), ("train.log", "training-log")]
+    # Last resort: the log lines of the node running rank 0 (the spec's nodes/NODE/train.log).
+    first = bundle.incident.job.node_of_rank(0) or next(iter(bundle.incident.job.nodes), None)
+    if first:
+        candidates.append((f"nodes/{first}/train.log", "training-log"))
+    for name, kind in candidates:
         path = bundle.path / name
         if not path.is_file():
             continue
@@ -278,8 +283,11 @@ def load_metrics(bundle: Bundle) -> tuple[MetricsTable | None, list[str]]:
         except (InputError, OSError) as exc:
             missing.append(f"{name}: {str(exc).split(': ', 1)[-1]}")
             continue
+        table.file = name
         missing.extend(table.gaps)
         if len(table.frame):
+            if name.startswith("nodes/"):
+                missing.append(f"metrics.jsonl / train.log: absent; step metrics read from {name}")
             return table, missing
         missing.append(f"{name}: no training steps in it")
     if not missing:
