@@ -178,6 +178,7 @@ def hw_gpu_xid(ctx: Context) -> list[Finding]:
                 continue
             convicting.append((event, where))
         for group, confidence, convicts in ((convicting, 0.95, True), (weak, 0.45, False)):
+            # An uncorroborated Xid of unknown time may be last week's: listed, never the cause.
             if not group:
                 continue
             first = min(group, key=lambda pair: pair[0].line)[0]
@@ -197,6 +198,7 @@ def hw_gpu_xid(ctx: Context) -> list[Finding]:
                         + (f" at {iso(min(times))}" if times else " (time unknown)")
                         + ("" if convicts else ": not enough to isolate the node"),
                 nodes=[node.name], ranks=ranks, step=onset, evidence=evidence, convicts=convicts, onset_step=onset,
+                history=not convicts,
             ))
     if kernels == 0:
         ctx.missing.append("kernel.log: none collected (Xid events not checked)")

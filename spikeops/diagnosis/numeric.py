@@ -70,12 +70,16 @@ def numeric_lr_too_high(ctx: Context) -> list[Finding]:
         step = int(jumps.index[0])
         reason = f"the LR jumped x{float(jumps.iloc[0]):.3g} at step {step}"
     else:
-        peak_step = int(lr.loc[: ctx.spike].idxmax()) if lr.loc[: ctx.spike].notna().any() else None
-        ramped = lr.loc[:ctx.spike].dropna()
-        rising = len(ramped) > 5 and ramped.loc[: peak_step].iloc[0] < 0.9 * ramped.max() if peak_step is not None else False
-        if peak_step is not None and peak_step in window.index and rising:
-            step = peak_step
-            reason = f"the LR reached its peak {float(lr.loc[peak_step]):.3g} at step {peak_step}"
+        # At its peak: the LR at the spike is within 5 % of the highest it reaches around it
+        # (a warmup that overshoots breaks the loss near the top, sometimes just before).
+        around = lr.iloc[max(0, spike_pos - LR_NEAR): spike_pos + LR_NEAR // 5 + 1].dropna()
+        history = lr.loc[:ctx.spike].dropna()
+        at_spike = float(lr.loc[ctx.spike]) if ctx.spike in lr.index and lr.notna().loc[ctx.spike] else None
+        rising = len(history) > 5 and float(history.iloc[0]) < 0.9 * float(history.max())
+        if at_spike is not None and len(around) and at_spike >= 0.95 * float(around.max()) and rising \
+                and float(around.max()) >= float(history.max()):
+            step = int(history.idxmax())
+            reason = f"the LR was at its peak ({at_spike:.3g}, warmup just ended) when the loss broke"
     if reason is None:
         ctx.ruled_out.append(RuledOut("numeric", "no LR peak or schedule change near the spike"))
         return []
