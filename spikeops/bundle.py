@@ -154,9 +154,19 @@ class Bundle:
             return path
         return None
 
+    def metric_sources(self) -> list[tuple[str, str]]:
+        """Where step metrics may come from, in order: ``metrics.jsonl``, the job's
+        ``train.log``, and last the log lines of the node running rank 0."""
+        sources = [("metrics.jsonl", "metrics-jsonl"), ("train.log", "training-log")]
+        job = self.incident.job
+        first = job.node_of_rank(0) or next(iter(job.nodes), None)
+        if first:
+            sources.append((f"nodes/{first}/train.log", "training-log"))
+        return sources
+
     def metrics(self) -> Reading | None:
-        """Step metrics: ``metrics.jsonl`` when present, else the job's ``train.log``."""
-        for relative, kind in (("metrics.jsonl", "metrics-jsonl"), ("train.log", "training-log")):
+        """The first readable source of ``metric_sources()``, parsed."""
+        for relative, kind in self.metric_sources():
             path = self._optional(relative)
             if path is None:
                 continue

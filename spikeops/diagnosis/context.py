@@ -91,16 +91,13 @@ class Context:
     def onset(self) -> int | None:
         return self.symptom.onset_step
 
-    def trouble_steps(self) -> tuple[int, int] | None:
-        """[onset, spike]: the steps whose batches and ranks can hold the cause."""
+    @cached_property
+    def trouble(self) -> tuple[int, int] | None:
+        """[onset, spike]: the steps whose batches and ranks can hold the cause (computed
+        once: rules test every batch against it)."""
         if self.spike is None:
             return None
         return (min(self.onset or self.spike, self.spike), self.spike)
-
-    @cached_property
-    def trouble(self) -> tuple[int, int] | None:
-        """``trouble_steps()``, computed once (rules test every batch against it)."""
-        return self.trouble_steps()
 
     def metric_line(self, step: int | None, why: str = "") -> EvidenceLine | None:
         if self.metrics is None or step is None or step not in self.metrics.frame.index:
@@ -128,7 +125,7 @@ def build_context(facts: BundleFacts, symptom: SymptomResult) -> Context:
     """Load the per-rank, batch and reference windows the rules need, once."""
     context = Context(facts, symptom)
     root = facts.path
-    trouble = context.trouble_steps()
+    trouble = context.trouble
     if trouble is not None:
         for name, target, reader, before in (("ranks.jsonl", "ranks", rank_records, RANK_WINDOW_BEFORE),
                                              ("batches.jsonl", "batches", batch_records, BATCH_WINDOW_BEFORE)):

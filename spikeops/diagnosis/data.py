@@ -204,7 +204,7 @@ def _runs_into_trouble(departing: dict[int, list[tuple[int, str, float, float]]]
 
 
 def data_rank_data_misalignment(ctx: Context) -> list[Finding]:
-    trouble = ctx.trouble_steps()
+    trouble = ctx.trouble
     if trouble is None:
         return []
     if not ctx.ranks:

@@ -269,12 +269,7 @@ def _metrics_from_log(path: Path, kind: str) -> MetricsTable:
 def load_metrics(bundle: Bundle) -> tuple[MetricsTable | None, list[str]]:
     """metrics.jsonl, else train.log; (None, reasons) when neither gives a step."""
     missing: list[str] = []
-    candidates = [("metrics.jsonl", "metrics-jsonl"), ("train.log", "training-log")]
-    # Last resort: the log lines of the node running rank 0 (the spec's nodes/NODE/train.log).
-    first = bundle.incident.job.node_of_rank(0) or next(iter(bundle.incident.job.nodes), None)
-    if first:
-        candidates.append((f"nodes/{first}/train.log", "training-log"))
-    for name, kind in candidates:
+    for name, kind in bundle.metric_sources():
         path = bundle.path / name
         if not path.is_file():
             continue
