@@ -29,6 +29,9 @@ __all__ = [
     "MAX_EVIDENCE_TEXT",
     "MAX_EVENTS",
     "LineSource",
+    "RemoteProbe",
+    "register_remote",
+    "remote_probes",
 ]
 
 #: Evidence lines are quoted back to people; a single minified line can be megabytes.
@@ -129,3 +132,42 @@ def register(kind: Kind) -> Kind:
 
 def _registry() -> dict[str, Kind]:
     return _REGISTRY
+
+
+@dataclass(frozen=True)
+class RemoteProbe:
+    """How the collector captures one kind of evidence on a node: the command beside the
+    parser that reads its output, so a change of command and of parser land together.
+
+    ``command`` is POSIX sh run on the node. It may use ``{files}`` (the job's log files,
+    from the inventory template named by ``needs``), ``{iface}`` (for ``per_interface``
+    probes) and ``$SPIKEOPS_SYSFS`` (``/sys`` unless the node's environment moves it, as
+    containers that mount the host's sysfs elsewhere do). ``keep`` says which end of an
+    output longer than the cap is worth keeping: the head of a report, the tail of a log
+    (the collector pipes a ``keep="tail"`` probe through ``tail -c`` on the node).
+    """
+
+    name: str
+    filename: str
+    command: str
+    kind: str
+    order: int
+    max_bytes: int = 16 << 20
+    keep: str = "head"
+    needs: str | None = None
+    per_interface: bool = False
+
+
+_REMOTE: dict[str, RemoteProbe] = {}
+
+
+def register_remote(probe: RemoteProbe) -> RemoteProbe:
+    if probe.name in _REMOTE and _REMOTE[probe.name] is not probe:
+        raise ValueError(f"remote probe {probe.name!r} registered twice")
+    _REMOTE[probe.name] = probe
+    return probe
+
+
+def remote_probes() -> list[RemoteProbe]:
+    """Registered remote probes in collection order (modules must be imported first)."""
+    return sorted(_REMOTE.values(), key=lambda probe: probe.order)

@@ -19,9 +19,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from spikeops.probes.base import Gap, Kind, LineSource, numbered_lines, register
+from spikeops.probes.base import RemoteProbe, Gap, Kind, LineSource, numbered_lines, register, register_remote
 
-__all__ = ["EthtoolStats", "parse", "KIND"]
+__all__ = [
+    "REMOTE","EthtoolStats", "parse", "KIND"]
 
 
 @dataclass
@@ -118,3 +119,9 @@ KIND = register(
         streaming=True,
     )
 )
+
+#: One run per interface the node has (``{iface}`` comes from ``$SPIKEOPS_SYSFS/class/net``).
+REMOTE = register_remote(RemoteProbe(
+    name="ethtool", filename="ethtool-{iface}.txt", command="ethtool -S {iface}",
+    kind="ethtool", order=30, max_bytes=4 << 20, per_interface=True,
+))

@@ -39,9 +39,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
-from spikeops.probes.base import Gap, Kind, LineSource, clip, numbered_lines, register
+from spikeops.probes.base import RemoteProbe, Gap, Kind, LineSource, clip, numbered_lines, register, register_remote
 
 __all__ = [
+    "REMOTE_IBSTAT", "REMOTE_IB_COUNTERS",
     # ibstat / ibstatus
     "IbPort",
     "IbCa",
@@ -1423,3 +1424,14 @@ KIND_IBSWINFO = register(
 KINDS: tuple[Kind, ...] = (
     KIND_IBSTAT, KIND_IBSTATUS, KIND_IB_COUNTERS, KIND_PERFQUERY, KIND_IBNETDISCOVER, KIND_IBSWINFO,
 )
+
+REMOTE_IBSTAT = register_remote(RemoteProbe(
+    name="ibstat", filename="ibstat.txt", command="ibstat", kind="ibstat", order=40, max_bytes=4 << 20,
+))
+#: The spec's ``grep -H . /sys/class/infiniband/*/ports/*/counters/*``, with the sysfs root
+#: movable for nodes whose host /sys is mounted elsewhere.
+REMOTE_IB_COUNTERS = register_remote(RemoteProbe(
+    name="ib-counters", filename="ib-counters.txt",
+    command='grep -H . "${SPIKEOPS_SYSFS:-/sys}"/class/infiniband/*/ports/*/counters/*',
+    kind="ib-counters", order=50, max_bytes=8 << 20,
+))

@@ -35,11 +35,12 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TypeVar
 
-from spikeops.probes.base import Gap, Kind, LineSource, MAX_EVENTS, clip, numbered_lines, register
+from spikeops.probes.base import RemoteProbe, Gap, Kind, LineSource, MAX_EVENTS, clip, numbered_lines, register, register_remote
 from spikeops.probes.xid_catalog import SXidInfo, XidInfo, lookup, lookup_sxid
 from spikeops.timeparse import iso, parse_ctime, parse_iso, parse_syslog
 
 __all__ = [
+    "REMOTE",
     "XidEvent",
     "SXidEvent",
     "GpuLostEvent",
@@ -753,3 +754,14 @@ KIND = register(
         streaming=True,
     )
 )
+
+#: Wall-clock times first (``--time-format iso`` needs util-linux 2.24+ and may need root
+#: under ``kernel.dmesg_restrict``); journald's copy next (current boot only: an Xid from a
+#: previous boot is history); ``dmesg -T``; plain ``dmesg`` last, whose events count as
+#: "time unknown". The kernel ring buffer bounds the size.
+REMOTE = register_remote(RemoteProbe(
+    name="kernel", filename="kernel.log",
+    command=("dmesg --time-format iso 2>/dev/null || journalctl -k -b -o short-iso-precise --no-pager -q "
+             "2>/dev/null || dmesg -T 2>/dev/null || dmesg"),
+    kind="kernel-log", order=20, max_bytes=32 << 20, keep="tail",
+))

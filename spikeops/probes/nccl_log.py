@@ -30,10 +30,11 @@ from datetime import datetime
 from typing import Any
 
 from spikeops.probes import base
-from spikeops.probes.base import Gap, Kind, LineSource, clip, numbered_lines, register, to_number
+from spikeops.probes.base import RemoteProbe, Gap, Kind, LineSource, clip, numbered_lines, register, to_number, register_remote
 from spikeops.timeparse import parse_iso
 
 __all__ = [
+    "REMOTE", "REMOTE_VERSION",
     "EVENT_KINDS",
     "NcclEvent",
     "NcclProcess",
@@ -1166,3 +1167,20 @@ VERSION_KIND = register(
         streaming=False,
     )
 )
+
+#: The NCCL and torch.distributed lines of the job's logs on this node (the inventory's
+#: ``[job] nccl_log``); the newest lines are kept when they exceed the cap, since the
+#: failure is at the end.
+REMOTE = register_remote(RemoteProbe(
+    name="nccl", filename="nccl.log",
+    command="grep -h -a -E 'NCCL|ProcessGroupNCCL|c10d|torch\\.distributed|Watchdog' {files}",
+    kind="nccl-log", order=60, max_bytes=64 << 20, keep="tail", needs="nccl_log",
+))
+#: The NCCL version of the job's environment; the inventory's ``[job] nccl_version`` replaces it.
+REMOTE_VERSION = register_remote(RemoteProbe(
+    name="nccl-version", filename="nccl-version.txt",
+    command=("python3 -c 'import torch; print(torch.cuda.nccl.version())' 2>/dev/null || "
+             "ls -1 /usr/lib/*/libnccl.so.2.* /usr/local/lib/libnccl.so.2.* /usr/lib64/libnccl.so.2.*"
+             " 2>/dev/null | head -n 1 | grep ."),
+    kind="nccl-version", order=70, max_bytes=64 << 10,
+))

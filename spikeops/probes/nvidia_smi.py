@@ -39,6 +39,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from spikeops.probes.base import (
+    RemoteProbe,
+    register_remote,
     Gap,
     Kind,
     LineSource,
@@ -51,6 +53,7 @@ from spikeops.probes.base import (
 from spikeops.timeparse import parse_ctime, parse_iso
 
 __all__ = [
+    "REMOTE",
     "CLOCK_REASON_BITS",
     "EccCounts",
     "RetiredPages",
@@ -2129,3 +2132,10 @@ KIND_NVLINK = register(
         summarize=summarize_nvlink,
     )
 )
+
+#: Collected on every node. ``-q`` rather than ``-q -x``: the text form is what people read
+#: in the post-mortem, and the parser reads it as fully as the XML.
+REMOTE = register_remote(RemoteProbe(
+    name="nvidia-smi-q", filename="nvidia-smi-q.txt", command="nvidia-smi -q",
+    kind="nvidia-smi-q", order=10,
+))

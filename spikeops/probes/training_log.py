@@ -40,6 +40,8 @@ from itertools import chain
 from typing import TYPE_CHECKING, Any
 
 from spikeops.probes.base import (
+    RemoteProbe,
+    register_remote,
     MAX_EVENTS,
     Gap,
     Kind,
@@ -55,6 +57,7 @@ if TYPE_CHECKING:  # pandas is imported lazily: detection must stay cheap
     import pandas as pd
 
 __all__ = [
+    "REMOTE",
     "StepRecord",
     "RankMemory",
     "OverflowEvent",
@@ -1182,3 +1185,9 @@ TRAINER_STATE_KIND = register(
         streaming=False,
     )
 )
+
+#: The job's own log lines from this node's ranks (the inventory's ``[job] train_log``).
+REMOTE = register_remote(RemoteProbe(
+    name="train", filename="train.log", command="cat {files}",
+    kind="training-log", order=80, max_bytes=64 << 20, keep="tail", needs="train_log",
+))
