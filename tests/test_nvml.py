@@ -114,3 +114,49 @@ def test_failed_nvml_is_an_error_message_not_a_gap():
 def test_parse_never_raises_on_any_json(value):
     document = {"format": "spikeops-nvml/1", "gpus": [value, {"ecc": value, "remapped_rows": value}]}
     nvml.parse(json.dumps(document))
+
+
+class NvmlTimeout(Exception):
+    pass
+
+
+def _with_events(base: SimpleNamespace, xids: list[tuple[str, int]]) -> SimpleNamespace:
+    """NVML's event API: one event per wait, then NVML_ERROR_TIMEOUT."""
+    queue = list(xids)
+    registered: list[str] = []
+
+    def wait(event_set, timeout_ms):
+        if not queue:
+            raise NvmlTimeout()
+        handle, code = queue.pop(0)
+        return SimpleNamespace(device=handle, eventData=code)
+
+    base.nvmlEventTypeXidCriticalError = 8
+    base.NVMLError_Timeout = NvmlTimeout
+    base.nvmlEventSetCreate = lambda: "set"
+    base.nvmlDeviceRegisterEvents = lambda handle, kind, event_set: registered.append(handle)
+    base.nvmlEventSetWait_v2 = wait
+    base.nvmlEventSetFree = lambda event_set: None
+    base.nvmlDeviceGetIndex = lambda handle: int(handle[1:])
+    base.registered = registered
+    return base
+
+
+def test_xid_events_nvml_delivers_while_listening_are_recorded():
+    fake = _with_events(fake_nvml(), [("h1", 79), ("h0", 48)])
+    document = nvml.collect(fake, xid_wait=0.5)
+    assert fake.registered == ["h0", "h1"]
+    assert [(e["gpu"], e["xid"]) for e in document["xid_events"]] == [(1, 79), (0, 48)]
+    assert "xid_events" not in document["errors"]
+    # not listening is the default: NVML keeps no history, so nothing is claimed
+    assert nvml.collect(_with_events(fake_nvml(), [("h0", 79)]))["xid_events"] == []
+
+
+def test_node_report_prints_a_document_the_parser_reads(capsys):
+    from spikeops.cli import main
+
+    assert main(["node-report"]) == 0
+    text = capsys.readouterr().out
+    report = nvml.parse(text)
+    assert json.loads(text)["format"] == "spikeops-nvml/1"
+    assert report.errors  # no NVML on this machine: the document says so, which is evidence

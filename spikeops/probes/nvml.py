@@ -20,7 +20,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from spikeops.probes.base import Gap, Kind, LineSource, join_text, register
+from spikeops.probes.base import RemoteProbe, Gap, Kind, LineSource, join_text, register, register_remote
 from spikeops.probes.nvidia_smi import (
     CLOCK_REASON_BITS,
     EccCounts,
@@ -34,7 +34,8 @@ from spikeops.probes.nvidia_smi import (
 )
 from spikeops.timeparse import iso, parse_any
 
-__all__ = ["NVML_FORMAT", "collect", "parse", "detect", "KIND"]
+__all__ = [
+    "REMOTE","NVML_FORMAT", "collect", "parse", "detect", "KIND"]
 
 NVML_FORMAT = "spikeops-nvml/1"
 
@@ -123,12 +124,62 @@ def _gpu(nvml: Any, index: int) -> dict[str, Any]:
     }
 
 
-def collect(nvml: Any | None = None) -> dict[str, Any]:
+#: Xid events kept from one listening window; a GPU storming Xids must not flood the document.
+MAX_XID_EVENTS = 1000
+
+
+def _xid_events(nvml: Any, count: int, wait_s: float, errors: dict[str, str]) -> list[dict[str, Any]]:
+    """Xid events NVML delivers while we listen. NVML keeps no history (the kernel log
+    does), so this only sees what happens during ``wait_s`` seconds; 0 skips it."""
+    if wait_s <= 0 or not count:
+        return []
+    import time
+
+    try:
+        event_set = nvml.nvmlEventSetCreate()
+    except Exception as exc:
+        errors["xid_events"] = str(exc)
+        return []
+    events: list[dict[str, Any]] = []
+    try:
+        for index in range(count):
+            try:
+                handle = nvml.nvmlDeviceGetHandleByIndex(index)
+                nvml.nvmlDeviceRegisterEvents(handle, nvml.nvmlEventTypeXidCriticalError, event_set)
+            except Exception as exc:
+                errors[f"xid_events.gpu{index}"] = str(exc)
+        timeout_error = getattr(nvml, "NVMLError_Timeout", None)
+        deadline = time.monotonic() + wait_s
+        while len(events) < MAX_XID_EVENTS:
+            left_ms = int((deadline - time.monotonic()) * 1000)
+            if left_ms <= 0:
+                break
+            try:
+                data = nvml.nvmlEventSetWait_v2(event_set, left_ms)
+            except Exception as exc:
+                if timeout_error is None or not isinstance(exc, timeout_error):
+                    errors["xid_events"] = str(exc)
+                break
+            try:
+                gpu = int(nvml.nvmlDeviceGetIndex(data.device))
+            except Exception:
+                gpu = None
+            events.append({"gpu": gpu, "xid": int(data.eventData), "time": iso(datetime.now(UTC))})
+    finally:
+        try:
+            nvml.nvmlEventSetFree(event_set)
+        except Exception:
+            pass
+    return events
+
+
+def collect(nvml: Any | None = None, *, xid_wait: float = 0.0) -> dict[str, Any]:
     """Read every GPU through NVML. Never raises: a node without a driver (or with a GPU
-    that fell off the bus) yields a document whose ``error`` says so, which is evidence."""
+    that fell off the bus) yields a document whose ``error`` says so, which is evidence.
+    ``xid_wait`` listens that many seconds for Xid events (``xid_events``)."""
     document: dict[str, Any] = {
         "format": NVML_FORMAT, "collected": iso(datetime.now(UTC)),
-        "driver_version": None, "cuda_driver_version": None, "gpus": [], "error": None,
+        "driver_version": None, "cuda_driver_version": None, "gpus": [], "xid_events": [], "error": None,
     }
     try:
         if nvml is None:
@@ -138,11 +189,13 @@ def collect(nvml: Any | None = None) -> dict[str, Any]:
         document["error"] = f"{type(exc).__name__}: {exc}"
         return document
     try:
-        read = _reader(document.setdefault("errors", {}))
+        errors = document.setdefault("errors", {})
+        read = _reader(errors)
         document["driver_version"] = _text(read("driver_version", nvml.nvmlSystemGetDriverVersion) or "") or None
         document["cuda_driver_version"] = read("cuda_driver_version", nvml.nvmlSystemGetCudaDriverVersion)
         count = read("device_count", nvml.nvmlDeviceGetCount)
         document["gpus"] = [_gpu(nvml, index) for index in range(count or 0)]
+        document["xid_events"] = _xid_events(nvml, count or 0, xid_wait, errors)
     finally:
         try:
             nvml.nvmlShutdown()
@@ -259,3 +312,11 @@ KIND = register(
 if __name__ == "__main__":  # the probe as run on a node
     json.dump(collect(), sys.stdout, indent=2)
     sys.stdout.write("\n")
+
+#: Only where spikeops is installed on the node; elsewhere the text probes serve.
+REMOTE = register_remote(RemoteProbe(
+    name="nvml", filename="nvml.json",
+    command=("command -v spikeops >/dev/null 2>&1 || { echo 'spikeops: not installed on this node' >&2; "
+             "exit 127; }; spikeops node-report"),
+    kind="nvml-json", order=90, max_bytes=8 << 20,
+))
