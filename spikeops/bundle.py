@@ -44,6 +44,7 @@ __all__ = [
     "open_bundle",
     "probe_kind_for",
     "atomic_write",
+    "AtomicSink",
 ]
 
 #: Probe file names (spec table) to the parser kind that reads them. ``ethtool-IFACE.txt``
@@ -89,6 +90,38 @@ def atomic_write(path: Path, data: bytes) -> None:
         except OSError:
             pass
         raise
+
+
+class AtomicSink:
+    """A file written in pieces that appears whole or not at all: output streamed from a
+    node goes to a temp file beside the target, so a capped 16 MiB probe never sits in
+    memory, and ``commit`` renames it into place (``discard`` removes it)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, self._tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        self._handle = os.fdopen(fd, "wb")
+        self.size = 0
+
+    def write(self, data: bytes) -> None:
+        self._handle.write(data)
+        self.size += len(data)
+
+    def commit(self) -> Path:
+        self._handle.flush()
+        os.fsync(self._handle.fileno())
+        self._handle.close()
+        os.replace(self._tmp, self.path)
+        return self.path
+
+    def discard(self) -> None:
+        if not self._handle.closed:
+            self._handle.close()
+        try:
+            os.unlink(self._tmp)
+        except OSError:
+            pass
 
 
 def _json_bytes(value: Any) -> bytes:
@@ -273,7 +306,33 @@ class BundleWriter:
             err.unlink()
         return target
 
-    def write_probes_json(self, node: str, statuses: Iterable[ProbeStatus]) -> Path:
+    def node_folder(self, node: str, *, baseline: bool = False) -> Path:
+        folder = self.path / "nodes" / _check_name("node", node)
+        return folder / "baseline" if baseline else folder
+
+    def probe_sink(self, node: str, filename: str, *, baseline: bool = False) -> AtomicSink:
+        """A streaming writer for one probe's stdout (see ``AtomicSink``)."""
+        if probe_kind_for(filename) is None:
+            raise BundleError(f"{filename!r} is not a probe file name of the bundle spec")
+        return AtomicSink(self.node_folder(node, baseline=baseline) / _check_name("probe file", filename))
+
+    def existing_evidence(self, node: str, *, baseline: bool = False) -> list[str]:
+        """Probe files (and probes.json) already in a node's folder: what a new collection
+        would replace."""
+        folder = self.node_folder(node, baseline=baseline)
+        if not folder.is_dir():
+            return []
+        return sorted(p.name for p in folder.iterdir()
+                      if p.is_file() and (probe_kind_for(p.name) or p.name == "probes.json" or p.suffix == ".err"))
+
+    def clear_node(self, node: str, *, baseline: bool = False) -> None:
+        """Remove a node's probe files before a new collection replaces them (the folder's
+        other files, and ``baseline/`` when clearing the current evidence, stay)."""
+        folder = self.node_folder(node, baseline=baseline)
+        for name in self.existing_evidence(node, baseline=baseline):
+            (folder / name).unlink(missing_ok=True)
+
+    def write_probes_json(self, node: str, statuses: Iterable[ProbeStatus], *, baseline: bool = False) -> Path:
         document: dict[str, Any] = {}
         for status in statuses:
             if status.error is not None and status.error not in PROBE_ERRORS:
@@ -285,19 +344,18 @@ class BundleWriter:
                 "seconds": status.seconds,
                 "error": status.error,
             }
-        target = self.path / "nodes" / _check_name("node", node) / "probes.json"
+        target = self.node_folder(node, baseline=baseline) / "probes.json"
         atomic_write(target, _json_bytes(document))
         return target
 
-    def write_unreachable(self, node: str, probes: Mapping[str, str], seconds: float | None = None) -> Path:
-        """The spec's form for a node that could not be reached: only probes.json, all unreachable."""
-        folder = self.path / "nodes" / _check_name("node", node)
-        if folder.is_dir():
-            for stale in folder.iterdir():
-                if stale.is_file():
-                    stale.unlink()
-        statuses = [ProbeStatus(name, command, None, None, seconds, "unreachable") for name, command in probes.items()]
-        return self.write_probes_json(node, statuses)
+    def write_unreachable(self, node: str, probes: Mapping[str, str], seconds: float | None = None,
+                          *, error: str = "unreachable", baseline: bool = False) -> Path:
+        """The spec's form for a node that could not be reached: only probes.json, every entry
+        carrying the same error (``unreachable``; ``host-key`` or ``auth`` when the node
+        answered but the connection was refused)."""
+        self.clear_node(node, baseline=baseline)
+        statuses = [ProbeStatus(name, command, None, None, seconds, error) for name, command in probes.items()]
+        return self.write_probes_json(node, statuses, baseline=baseline)
 
     def write_jsonl(self, relative: str, records: Iterable[Mapping[str, Any]]) -> Path:
         """metrics.jsonl, ranks.jsonl, batches.jsonl, reference/batches.jsonl (NaN as bare tokens)."""

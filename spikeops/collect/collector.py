@@ -1,0 +1,342 @@
+"""Collecting a job's evidence from every node into an incident bundle.
+
+The fan-out is a bounded thread pool (``[ssh] fanout``), one SSH connection per node, and
+every wait in it has a bound: connect, banner and auth by ``connect_timeout``, each probe by
+its own timeout, the node by the sum of its probe waves. A node that fails in any way is
+recorded as data in its ``probes.json`` and in the summary; it never fails the collection
+or delays the other nodes' evidence beyond those bounds.
+
+``collect_nodes`` is the unit the Prefect shard tasks call with a slice of the nodes; the
+``collect`` entry point adds what a whole run needs (the bundle's incident.json, the
+refusal to overwrite evidence, the record of the collection).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+import time
+from collections.abc import Callable, Iterable
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from spikeops.bundle import BundleWriter, atomic_write
+from spikeops.collect.plan import PlannedProbe, check_job_id, plan_interfaces, plan_probes
+from spikeops.collect.runner import GRACE_SECONDS, ProbeRun, run_probes
+from spikeops.collect.ssh import ConnectFailure, Connector
+from spikeops.errors import InputError
+from spikeops.inventory import Inventory, Target, fold_nodes, resolve_targets
+from spikeops.probes.bundle_files import ProbeStatus
+from spikeops.timeparse import iso
+
+__all__ = [
+    "NodeResult",
+    "CollectResult",
+    "collect",
+    "collect_nodes",
+    "prepare_bundle",
+    "record_collection",
+    "shard_nodes",
+    "OUTCOMES",
+    "COLLECTION_FILE",
+]
+
+#: Summary buckets, in the order the summary prints them.
+OUTCOMES = ("ok", "timeout", "unreachable", "refused")
+OUTCOME_LABELS = {"ok": "ok", "timeout": "timed out", "unreachable": "unreachable", "refused": "refused"}
+#: A record of the collection itself, beside the evidence (docs/bundle.md).
+COLLECTION_FILE = "collection.json"
+#: How far back the window of an incident created by ``collect`` reaches.
+DEFAULT_WINDOW = timedelta(minutes=30)
+
+
+@dataclass
+class NodeResult:
+    node: str
+    outcome: str
+    detail: str | None
+    seconds: float
+    probes: list[ProbeRun] = field(default_factory=list)
+    address: str | None = None
+
+    def problems(self) -> list[str]:
+        """One phrase per probe that did not simply succeed."""
+        out = []
+        for run in self.probes:
+            if run.error is None:
+                continue
+            if run.missing_tool:
+                out.append(f"{run.name}: not installed")
+            elif run.error == "timeout":
+                out.append(f"{run.name}: timed out after {run.seconds or 0:.0f} s")
+            elif run.error == "output-truncated":
+                out.append(f"{run.name}: output cut at {run.stdout_bytes / 1048576:.0f} MiB")
+            else:
+                first = run.stderr.decode("utf-8", "replace").strip().splitlines()[:1]
+                how = "no output" if run.exit == 0 else f"exit {run.exit}" if run.exit is not None else "failed"
+                out.append(f"{run.name}: {how}" + (f" ({first[0][:140]})" if first else ""))
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "node": self.node, "address": self.address, "outcome": self.outcome, "detail": self.detail,
+            "seconds": round(self.seconds, 3),
+            "probes": {run.name: {"exit": run.exit, "error": run.error, "seconds": run.seconds,
+                                  "bytes": run.stdout_bytes} for run in self.probes},
+        }
+
+
+@dataclass
+class CollectResult:
+    bundle: Path
+    job: str
+    baseline: bool
+    seconds: float
+    nodes: list[NodeResult]
+
+    def buckets(self) -> dict[str, list[str]]:
+        out: dict[str, list[str]] = {outcome: [] for outcome in OUTCOMES}
+        for result in self.nodes:
+            out.setdefault(result.outcome, []).append(result.node)
+        return out
+
+    def summary_lines(self) -> list[str]:
+        """Folded node sets per outcome, then the per-probe problems grouped the same way."""
+        lines = [f"collected {len(self.nodes)} node(s) of job {self.job} in {self.seconds:.1f} s "
+                 f"into {self.bundle}" + (" (baseline)" if self.baseline else "")]
+        for outcome, nodes in self.buckets().items():
+            if nodes:
+                lines.append(f"  {OUTCOME_LABELS.get(outcome, outcome):12} {len(nodes):5}  {fold_nodes(nodes)}")
+        connect: dict[str, list[str]] = {}
+        probe_problems: dict[str, list[str]] = {}
+        for result in self.nodes:
+            if result.outcome != "ok" and result.detail and not result.probes:
+                connect.setdefault(result.detail, []).append(result.node)
+            for problem in result.problems():
+                # "grep: /logs/4412/gpu-007/*.out: No such file" is the same on every node
+                probe_problems.setdefault(problem.replace(result.node, "<node>"), []).append(result.node)
+        for detail, nodes in sorted(connect.items()):
+            lines.append(f"  {fold_nodes(nodes)}: {detail}")
+        for problem, nodes in sorted(probe_problems.items()):
+            lines.append(f"  {fold_nodes(nodes)}: {problem}")
+        return lines
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "bundle": str(self.bundle), "job": self.job, "baseline": self.baseline,
+            "seconds": round(self.seconds, 3),
+            "summary": {outcome: fold_nodes(nodes) for outcome, nodes in self.buckets().items()},
+            "nodes": [result.to_json() for result in self.nodes],
+        }
+
+
+# ------------------------------------------------------------------------------- one node
+
+
+def _write_stderr(writer: BundleWriter, node: str, run: ProbeRun, baseline: bool) -> None:
+    if not run.stderr:
+        return
+    stem = Path(run.filename).stem if run.filename else run.name
+    atomic_write(writer.node_folder(node, baseline=baseline) / f"{stem}.err", run.stderr)
+
+
+def _statuses(runs: Iterable[ProbeRun]) -> list[ProbeStatus]:
+    return [ProbeStatus(run.name, run.command, run.exit, run.started, run.seconds, run.error) for run in runs]
+
+
+def _node_budget(inventory: Inventory, probes: list[PlannedProbe]) -> float:
+    """The most a reachable node may take: its probes in waves of ``sessions_per_node``,
+    each bounded by its own timeout, plus the interface listing and its ethtool wave."""
+    longest = max((probe.timeout for probe in probes), default=inventory.ssh.command_timeout)
+    waves = math.ceil((len(probes) + 1) / inventory.ssh.sessions_per_node) + 1
+    return waves * (longest + GRACE_SECONDS) + 3 * inventory.ssh.connect_timeout
+
+
+def _collect_node(inventory: Inventory, job: str, target: Target, writer: BundleWriter,
+                  connector: Connector, baseline: bool, live: dict[str, Any]) -> NodeResult:
+    t0 = time.monotonic()
+    probes = plan_probes(inventory, job, target.node)
+    expected = {probe.name: probe.command for probe in probes}
+    try:
+        client = connector.connect(target)
+    except ConnectFailure as failure:
+        writer.write_unreachable(target.node, expected, round(time.monotonic() - t0, 3),
+                                 error=failure.error, baseline=baseline)
+        return NodeResult(target.node, failure.outcome, failure.detail, time.monotonic() - t0,
+                          address=target.hostname)
+    live[target.node] = client
+    try:
+        writer.clear_node(target.node, baseline=baseline)
+        runs = run_probes(
+            client.get_transport(), probes,
+            lambda probe: writer.probe_sink(target.node, probe.filename, baseline=baseline),
+            sessions=inventory.ssh.sessions_per_node,
+            expand_interfaces=lambda names: plan_interfaces(inventory, names),
+            channel_timeout=inventory.ssh.connect_timeout,
+            node_deadline=t0 + _node_budget(inventory, probes),
+        )
+    finally:
+        live.pop(target.node, None)
+        client.close()
+    for run in runs:
+        _write_stderr(writer, target.node, run, baseline)
+    writer.write_probes_json(target.node, _statuses(runs), baseline=baseline)
+    timed_out = [run.name for run in runs if run.error == "timeout"]
+    outcome = "timeout" if timed_out else "ok"
+    detail = f"timed out: {', '.join(timed_out)}" if timed_out else None
+    return NodeResult(target.node, outcome, detail, time.monotonic() - t0, runs, address=target.hostname)
+
+
+# ------------------------------------------------------------------------------- many nodes
+
+
+def collect_nodes(
+    inventory: Inventory,
+    job: str,
+    bundle: str | Path,
+    nodes: Iterable[str] | None = None,
+    *,
+    baseline: bool = False,
+    fanout: int | None = None,
+    progress: Callable[[int, int, NodeResult], None] | None = None,
+) -> list[NodeResult]:
+    """Collect ``nodes`` (default: all of the inventory) into ``bundle`` with at most
+    ``fanout`` connections at once; results in the order of ``nodes``."""
+    check_job_id(job)
+    targets = resolve_targets(inventory, nodes)
+    writer = BundleWriter(bundle)
+    connector = Connector(inventory.ssh.connect_timeout)
+    live: dict[str, Any] = {}
+    results: dict[str, NodeResult] = {}
+    workers = max(1, min(fanout or inventory.ssh.fanout, len(targets) or 1))
+    budget = _node_budget(inventory, plan_probes(inventory, job, next(iter(targets), "node"))) + 5
+    deadline = time.monotonic() + budget * math.ceil(len(targets) / workers) + 10
+    pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="spikeops-collect")
+    lock = threading.Lock()
+    try:
+        futures: dict[Future[NodeResult], str] = {
+            pool.submit(_collect_node, inventory, job, target, writer, connector, baseline, live): node
+            for node, target in targets.items()
+        }
+        remaining = set(futures)
+        while remaining:
+            done, remaining = wait(remaining, timeout=max(0.0, deadline - time.monotonic()),
+                                   return_when=FIRST_COMPLETED)
+            if not done:
+                break
+            for future in done:
+                node = futures[future]
+                try:
+                    result = future.result()
+                except Exception as exc:  # a bug for one node must not lose the others
+                    result = NodeResult(node, "unreachable", f"collector error: {type(exc).__name__}: {exc}", 0.0)
+                with lock:
+                    results[node] = result
+                if progress is not None:
+                    progress(len(results), len(targets), result)
+        for future in remaining:  # past every bound: abandon, record, and close what is open
+            node = futures[future]
+            future.cancel()
+            client = live.pop(node, None)
+            if client is not None:
+                client.close()
+            results[node] = NodeResult(node, "timeout", "collection deadline passed", budget)
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
+        connector.close()
+    return [results[node] for node in targets]
+
+
+def _incident(inventory: Inventory, job: str, nodes: list[str], now: datetime) -> dict[str, Any]:
+    stamp = now.strftime("%Y%m%dT%H%M%SZ")
+    document: dict[str, Any] = {
+        "incident_id": f"inc-{stamp}-{job}",
+        "created": iso(now),
+        "alert": {"source": "spikeops collect", "received": iso(now), "payload": {}},
+        "job": {"id": job, "scheduler": inventory.scheduler or "slurm", "name": None, "nodes": nodes,
+                "ranks": {}, "resumed_from": None},
+        "window": {"start": iso(now - DEFAULT_WINDOW), "end": iso(now)},
+    }
+    if inventory.gpus_per_node:
+        document["job"]["gpus_per_node"] = inventory.gpus_per_node
+    return document
+
+
+def prepare_bundle(
+    inventory: Inventory,
+    job: str,
+    out: str | Path,
+    nodes: Iterable[str] | None = None,
+    *,
+    baseline: bool = False,
+    replace: bool = False,
+) -> tuple[Path, list[str], datetime]:
+    """Check a collection can start and make the bundle ready for it: the nodes are the
+    inventory's, the job id is safe, and the bundle (created when missing, with an
+    incident.json when it has none) holds no evidence for these nodes unless ``replace``:
+    a second collection after the node rebooted must not silently erase the first.
+    Returns the bundle path, the nodes and the start time."""
+    check_job_id(job)
+    wanted = list(inventory.nodes if nodes is None else nodes)
+    if not wanted:
+        raise InputError("no nodes to collect from")
+    resolve_targets(inventory, wanted)  # strangers are refused before anything is written
+    root = Path(out)
+    if root.exists() and not root.is_dir():
+        raise InputError(f"{root}: exists and is not a directory")
+    writer = BundleWriter(root)
+    if not replace:
+        occupied = [node for node in wanted if writer.existing_evidence(node, baseline=baseline)]
+        if occupied:
+            what = "baseline evidence" if baseline else "evidence"
+            raise InputError(f"{root} already holds {what} for {fold_nodes(occupied)} (use --replace to collect again)")
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InputError(f"{root}: cannot create ({exc.strerror or exc})") from None
+    started = datetime.now(UTC)
+    if not (root / "incident.json").is_file():
+        writer.write_incident(_incident(inventory, job, wanted, started))
+    return root, wanted, started
+
+
+def record_collection(result: CollectResult, inventory: Inventory, started: datetime) -> Path:
+    """Write collection.json (baseline-collection.json): the record of the run as a whole."""
+    record = result.to_json()
+    record.update({"started": iso(started), "inventory": str(inventory.path) if inventory.path else None,
+                   "cluster": inventory.name})
+    name = f"baseline-{COLLECTION_FILE}" if result.baseline else COLLECTION_FILE
+    target = result.bundle / name
+    atomic_write(target, (json.dumps(record, indent=2) + "\n").encode())
+    return target
+
+
+def shard_nodes(nodes: list[str], size: int) -> list[list[str]]:
+    """Consecutive slices of at most ``size`` nodes (neighbours share racks and switches, so
+    a slow rack slows one shard, not all of them)."""
+    size = max(1, size)
+    return [nodes[i:i + size] for i in range(0, len(nodes), size)]
+
+
+def collect(
+    inventory: Inventory,
+    job: str,
+    out: str | Path,
+    *,
+    nodes: Iterable[str] | None = None,
+    baseline: bool = False,
+    replace: bool = False,
+    fanout: int | None = None,
+    progress: Callable[[int, int, NodeResult], None] | None = None,
+) -> CollectResult:
+    """Collect the job's evidence into the bundle at ``out`` (see ``prepare_bundle``)."""
+    root, wanted, started = prepare_bundle(inventory, job, out, nodes, baseline=baseline, replace=replace)
+    t0 = time.monotonic()
+    results = collect_nodes(inventory, job, root, wanted, baseline=baseline, fanout=fanout, progress=progress)
+    result = CollectResult(root, job, baseline, time.monotonic() - t0, results)
+    record_collection(result, inventory, started)
+    return result
