@@ -42,7 +42,6 @@ import shutil
 import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, fields
 from datetime import UTC, datetime, timedelta
@@ -365,8 +364,7 @@ def _write_keys(cluster: Cluster) -> None:
 def _write_nodes(cluster: Cluster, sources: Mapping[str, NodeSource]) -> None:
     root = cluster.directory
     (root / "addr").mkdir()
-
-    def one(node: str) -> None:
+    for node in cluster.nodes:
         fault = cluster.faults.get(node)
         node_dir = root / "nodes" / node
         write_node(node_dir, root / "jobs" / cluster.job / node, sources[node], gpu=fault != "nogpu",
@@ -374,10 +372,6 @@ def _write_nodes(cluster: Cluster, sources: Mapping[str, NodeSource]) -> None:
         if fault in OVERRIDES:
             write_override(root, node_dir, fault)
         os.symlink(f"../nodes/{node}", root / "addr" / cluster.addresses[node])
-
-    # File creation is system calls (the GIL is released): a few threads use both cores.
-    with ThreadPoolExecutor(max_workers=4) as pool:
-        list(pool.map(one, cluster.nodes))
 
 
 def _save(cluster: Cluster, extra: Mapping[str, Any]) -> None:
@@ -595,46 +589,65 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _cut(nodeset: str, limit: int = 120) -> str:
+    """A folded node set, cut for a terminal (a 1024-node sim set folds to kilobytes)."""
+    return nodeset if len(nodeset) <= limit else nodeset[:limit] + "..."
+
+
 def _print_up(cluster: Cluster, seconds: float) -> None:
     addresses = [cluster.addresses[n] for n in cluster.nodes]
-    print(f"up: {len(cluster.nodes)} nodes {NodeSet.fromlist(cluster.nodes)} on {addresses[0]}-{addresses[-1]} "
+    print(f"up: {len(cluster.nodes)} nodes {_cut(str(NodeSet.fromlist(cluster.nodes)))} on {addresses[0]}-{addresses[-1]} "
           f"port {cluster.port}, job {cluster.job}, user {cluster.user} ({seconds:.1f} s)")
     if cluster.faults:
-        print("faults: " + ", ".join(f"{node}={kind}" for node, kind in cluster.faults.items()))
+        shown = [f"{node}={kind}" for node, kind in cluster.faults.items()]
+        print("faults: " + ", ".join(shown[:20]) + (f" ... ({len(shown)} in all)" if len(shown) > 20 else ""))
     first = next((n for n in cluster.nodes if n not in cluster.faults), cluster.nodes[0])
     print(f"try: ssh -F {cluster.ssh_config} {first} nvidia-smi -q")
     print(f"inventory: {cluster.inventory}")
     print(f"stop: infra/sim/cluster down --dir {cluster.directory}")
 
 
+def _print_status(state: Mapping[str, Any]) -> None:
+    alive = sum(1 for p in state["processes"].values() if p["alive"])
+    print(f"{'running' if state['running'] else 'NOT running'}: {state['directory']} "
+          f"{state['node_count']} nodes {_cut(state['nodes'])} port {state['port']}; "
+          f"{state['listening']}/{state['expected']} addresses listening; "
+          f"{alive}/{len(state['processes'])} servers alive; {state['sessions']} session process(es)")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Exit 0 on success; 1 for ``status`` of a cluster not fully up; 2 with a one-line reason."""
+    """Exit 0 on success; 1 for ``status`` of a cluster not fully up; 2 with a one-line reason.
+
+    Only the action decides the exit status: a closed stdout (``| head``) after a
+    successful ``up`` must not report a failure while the cluster runs.
+    """
     args = _parser().parse_args(argv)
+    started = time.monotonic()
     try:
         if args.command == "up":
-            started = time.monotonic()
-            cluster = up(args.dir, nodes=args.nodes, scenario=args.scenario, seed=args.seed, port=args.port,
-                         first_address=args.first_address, faults=dict(args.fault), distractors=args.distractors,
-                         fixtures=args.fixtures)
-            _print_up(cluster, time.monotonic() - started)
+            result: Any = up(args.dir, nodes=args.nodes, scenario=args.scenario, seed=args.seed, port=args.port,
+                             first_address=args.first_address, faults=dict(args.fault),
+                             distractors=args.distractors, fixtures=args.fixtures)
         elif args.command == "down":
-            down(args.dir)
-            print(f"down: nothing of {Path(args.dir).resolve()} is running")
+            result = down(args.dir)
         else:
-            state = status(args.dir)
-            if args.json:
-                print(json.dumps(state, indent=2))
-            else:
-                alive = sum(1 for p in state["processes"].values() if p["alive"])
-                print(f"{'running' if state['running'] else 'NOT running'}: {state['directory']} "
-                      f"{state['node_count']} nodes {state['nodes']} port {state['port']}; "
-                      f"{state['listening']}/{state['expected']} addresses listening; "
-                      f"{alive}/{len(state['processes'])} servers alive; {state['sessions']} session process(es)")
-            return 0 if state["running"] else 1
+            result = status(args.dir)
     except (ClusterError, ValueError, OSError) as exc:
         sys.stderr.write(f"spikeops.sim.cluster: {exc}\n")
         return 2
-    return 0
+    try:
+        if args.command == "up":
+            _print_up(result, time.monotonic() - started)
+        elif args.command == "down":
+            print(f"down: nothing of {Path(args.dir).resolve()} is running")
+        elif args.json:
+            print(json.dumps(result, indent=2))
+        else:
+            _print_status(result)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
+    return 1 if args.command == "status" and not result["running"] else 0
 
 
 if __name__ == "__main__":
