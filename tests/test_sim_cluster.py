@@ -57,8 +57,8 @@ def real_cluster(tmp_path_factory):
     _require_openssh()
     directory = tmp_path_factory.mktemp("real")
     try:
-        yield _start(directory, "127.0.0.31", 4, scenario="real", fixtures=REAL,
-                     faults={"#1": "nogpu", "#2": "silent", "#3": "noib"})
+        yield _start(directory, "127.0.0.31", 6, scenario="real", fixtures=REAL,
+                     faults={"#1": "nogpu", "#2": "silent", "#3": "noib", "#4": "flood", "#5": "slow"})
     finally:
         sim_cluster.down(directory)
 
@@ -205,7 +205,7 @@ def test_status_command(cluster):
 
 def test_real_nodes_answer_with_real_fixtures(real_cluster):
     node = real_cluster.nodes[0]
-    assert real_cluster.job == "1000" and real_cluster.nodes == ["gpu-001", "gpu-002", "gpu-003", "gpu-004"]
+    assert real_cluster.job == "1000" and real_cluster.nodes == [f"gpu-00{i}" for i in range(1, 7)]
     proc = ssh(real_cluster, node, "nvidia-smi -q")
     assert proc.returncode == 0, proc.stderr
     fixtures = {path.read_bytes() for path in (REAL / "nvidia-smi").glob("*.txt")}
@@ -223,6 +223,18 @@ def test_node_without_infiniband(real_cluster):
     proc = ssh(real_cluster, real_cluster.nodes[3], 'ibstat; echo "$?"; ls "$SPIKEOPS_SYSFS"/class')
     assert proc.stdout.decode().split() == ["127", "net"]
     assert b"ibstat: not found" in proc.stderr
+
+
+def test_other_nvidia_smi_forms(real_cluster):
+    proc = ssh(real_cluster, real_cluster.nodes[0], "nvidia-smi -q -x; echo $?; nvidia-smi -L; echo $?")
+    assert proc.stdout.decode().splitlines()[-3:] == ["2", "NVIDIA-SMI (spikeops simulated node gpu-001)", "0"]
+
+
+def test_flooding_and_slow_nvidia_smi(real_cluster):
+    proc = ssh(real_cluster, real_cluster.nodes[4], "nvidia-smi -q | head -c 1000000 | wc -c")
+    assert proc.stdout.strip() == b"1000000"
+    proc = ssh(real_cluster, real_cluster.nodes[5], "timeout 1 nvidia-smi -q; echo $?")
+    assert proc.stdout.strip() == b"124"
 
 
 def test_silent_node(real_cluster):
