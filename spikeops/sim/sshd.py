@@ -196,7 +196,8 @@ def start_daemons(commands: Mapping[str, Sequence[str]], logs: Mapping[str, Path
             proc.kill()
             _, err = proc.communicate()
         if proc.returncode != 0:
-            failed.append(f"{name} exited {proc.returncode}: {_last_words(err.decode(errors='replace'), logs.get(name))}")
+            why = _last_words(err.decode(errors="replace"), logs.get(name))
+            failed.append(f"{name} exited {proc.returncode}: {why}")
     if failed:
         raise ClusterError("; ".join(failed))
 
