@@ -7,7 +7,9 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 # Debian packages the test suite needs (installed only when missing; see infra/apt-ensure.sh).
-APT_PACKAGES :=
+APT_PACKAGES := openssh-server
+# ... and the benchmarks' baselines (pdsh; clush comes with ClusterShell from PyPI).
+BENCH_APT_PACKAGES := openssh-server pdsh
 
 .PHONY: demo test venv apt bench example clean help
 
@@ -36,8 +38,10 @@ test: $(STAMP) apt
 	$(BIN)/python -m pytest
 
 bench: $(STAMP)
+	@infra/apt-ensure.sh $(BENCH_APT_PACKAGES)
 	$(BIN)/python bench/bench_parsers.py
 	$(BIN)/python bench/bench_diagnose.py
+	$(BIN)/python bench/bench_collect.py
 
 example: $(STAMP)
 	$(BIN)/python examples/build_example.py

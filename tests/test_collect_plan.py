@@ -29,10 +29,11 @@ def test_default_probe_set_is_the_bundle_specs() -> None:
 
 
 def test_remote_command_is_bounded_on_the_node_and_runs_the_recorded_command() -> None:
-    remote = remote_command("nvidia-smi -q", 12.4, 1000, "head")
-    words = shlex.split(remote)
-    assert words[:6] == ["exec", "timeout", "-k", "2", "12", "sh"]
-    assert words[-1] == "nvidia-smi -q"
+    assert shlex.split(remote_command("nvidia-smi -q", 12.4, 1000, "head")) == [
+        "exec", "timeout", "-k", "2", "12", "nvidia-smi", "-q"]
+    words = shlex.split(remote_command("dmesg || journalctl -k", 30, 1000, "head"))
+    assert words[:7] == ["exec", "timeout", "-k", "2", "30", "sh", "-c"]
+    assert words[-1] == "dmesg || journalctl -k"
     tail = shlex.split(remote_command("cat big.log", 5, 4096, "tail"))
     assert tail[-1] == "cat big.log | tail -c 4096"
 
