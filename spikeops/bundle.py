@@ -74,8 +74,9 @@ def probe_kind_for(filename: str) -> str | None:
     return None
 
 
-def atomic_write(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` so readers see the old file or the whole new one."""
+def atomic_write(path: Path, data: bytes, *, sync_dir: bool = False) -> None:
+    """Write ``data`` to ``path`` so readers see the old file or the whole new one.
+    ``sync_dir`` also flushes the directory entry, so the rename itself survives a crash."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
@@ -90,6 +91,15 @@ def atomic_write(path: Path, data: bytes) -> None:
         except OSError:
             pass
         raise
+    if sync_dir:
+        try:
+            dir_fd = os.open(path.parent, os.O_RDONLY)
+            try:
+                os.fsync(dir_fd)
+            finally:
+                os.close(dir_fd)
+        except OSError:
+            pass
 
 
 class AtomicSink:
