@@ -89,3 +89,14 @@ def golden(request: pytest.FixtureRequest):
         assert text == expected, f"parse differs from {path.relative_to(ROOT)}"
 
     return check
+
+
+@pytest.fixture(scope="session")
+def prefect_server():
+    """One temporary Prefect server (SQLite in a temp dir) for every test that runs a flow:
+    starting one costs ~15 s here, so the tests share it."""
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=90):
+        yield

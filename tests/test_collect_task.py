@@ -13,18 +13,14 @@ from spikeops.sim import cluster as simcluster
 prefect = pytest.importorskip("prefect")
 
 
-def test_sharded_collection_in_a_flow(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_sharded_collection_in_a_flow(tmp_path: Path, prefect_server: None) -> None:
     from prefect import flow
-    from prefect.testing.utilities import prefect_test_harness
-
     from spikeops.inventory import load_inventory
     from tasks.collect import collect_evidence
 
-    monkeypatch.setenv("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-
     port = simcluster.free_port(("127.0.10.11",))
     with simcluster.running(tmp_path / "c", nodes=5, port=port, first_address="127.0.10.11",
-                            faults={"#4": "refuse"}) as cluster, prefect_test_harness(server_startup_timeout=60):
+                            faults={"#4": "refuse"}) as cluster:
 
         @flow
         def incident(bundle: str):
