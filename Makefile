@@ -42,6 +42,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/bench_parsers.py
 	$(BIN)/python bench/bench_diagnose.py
 	$(BIN)/python bench/bench_collect.py
+	$(BIN)/python bench/bench_checkpoint.py
 
 example: $(STAMP)
 	$(BIN)/python examples/build_example.py
