@@ -270,3 +270,15 @@ def test_prefect_tasks_fill_the_bundles_checkpoints_json(tmp_path: Path, prefect
     assert listed is not None
     status = {c.step: c.verified for c in listed.checkpoints}
     assert status == {4000: None, 3000: None, 2000: False, 1000: True}
+
+
+def test_protect_keeps_a_checkpoint_through_the_jobs_retention(tmp_path: Path) -> None:
+    from spikeops.checkpoints.protect import protect
+
+    root = _run_root(tmp_path)
+    target, made = protect(root / "global_step2000", "inc-1")
+    assert made == 3 and protect(root / "global_step2000")[1] == 0  # idempotent
+    import shutil
+
+    shutil.rmtree(root / "global_step2000")  # the job's "keep last 2" retention
+    assert verify(target).ok  # the data and its manifest survived, hard-linked

@@ -34,7 +34,7 @@ from datetime import datetime
 
 from ClusterShell.NodeSet import RESOLVER_NOGROUP, NodeSet
 
-from spikeops.probes.base import Gap, Kind, LineSource, clip, numbered_lines, register
+from spikeops.probes.base import Gap, Kind, LineSource, clip, join_text, numbered_lines, register
 from spikeops.timeparse import iso, parse_iso
 
 __all__ = [
@@ -54,6 +54,9 @@ __all__ = [
     "summarize_show_node",
     "summarize_sinfo_reasons",
     "SHOW_NODE_KIND",
+    "SlurmJob",
+    "parse_show_job",
+    "FINISHED_JOB_STATES",
     "SINFO_REASONS_KIND",
 ]
 
@@ -333,6 +336,64 @@ def fold_nodes(names: Iterable[str]) -> str:
         return str(NodeSet.fromlist(names, resolver=RESOLVER_NOGROUP))
     except Exception:  # a name with brackets or other syntax ClusterShell reserves
         return ",".join(names)
+
+
+# --------------------------------------------------------------------------- scontrol show job
+
+#: Job states after which nothing runs and nothing will (src/common/slurm_protocol_defs.c).
+FINISHED_JOB_STATES = frozenset({"BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED", "NODE_FAIL",
+                                 "OUT_OF_MEMORY", "PREEMPTED", "TIMEOUT", "REVOKED", "SPECIAL_EXIT"})
+
+
+@dataclass
+class SlurmJob:
+    """One job as ``scontrol show job -d -o`` printed it; ``fields`` holds every pair."""
+
+    job_id: str
+    name: str | None
+    state: str
+    reason: str | None
+    nodes: list[str]
+    partition: str | None
+    work_dir: str | None
+    command: str | None
+    comment: str | None
+    batch: bool
+    requeue: bool
+    fields: dict[str, str]
+
+    @property
+    def finished(self) -> bool:
+        return self.state in FINISHED_JOB_STATES
+
+
+def parse_show_job(source: LineSource) -> list[SlurmJob]:
+    """Jobs from ``scontrol show job -d -o`` (one line each) or the multi-line form."""
+    text = join_text(source)
+    blocks = [b for b in re.split(r"\n\s*\n|\n(?=JobId=)", text) if "JobId=" in b]
+    jobs = []
+    for block in blocks:
+        line = " ".join(part.strip() for part in block.splitlines())
+        marks = list(_KEY.finditer(line))  # job fields carry no free text with " Key=" inside
+        fields = {mark["key"]: line[mark.end(): marks[i + 1].start() if i + 1 < len(marks) else len(line)].strip()
+                  for i, mark in enumerate(marks)}
+        nodes, _ = expand_nodelist(fields.get("NodeList", "")) if fields.get("NodeList", "") not in _NULL else ([], None)
+        comment = fields.get("Comment")
+        jobs.append(SlurmJob(
+            job_id=fields.get("JobId", ""),
+            name=fields.get("JobName") or None,
+            state=fields.get("JobState", "").upper(),
+            reason=None if fields.get("Reason") in _NULL or fields.get("Reason") is None else fields.get("Reason"),
+            nodes=nodes,
+            partition=fields.get("Partition") or None,
+            work_dir=fields.get("WorkDir") or None,
+            command=fields.get("Command") or None,
+            comment=None if comment is None or comment in _NULL else comment,
+            batch=fields.get("BatchFlag") == "1",
+            requeue=fields.get("Requeue") == "1",
+            fields=fields,
+        ))
+    return jobs
 
 
 # --------------------------------------------------------------------------- sinfo -R

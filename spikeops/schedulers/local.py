@@ -1,0 +1,310 @@
+"""A scheduler of local processes, for the demo and for machines without Slurm.
+
+The same actions and safety rules as Slurm (``policy``), over a state directory: jobs are
+process groups started here (their pid, command, environment and node list in
+``jobs/<id>.json``, their exit status in ``jobs/<id>.exit``), nodes are names with a state
+and a reason in ``nodes.json``. It is what ``spikeops demo`` uses when Slurm's packages are
+absent, so the pipeline runs end to end on one laptop with the same audit trail.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal as signals
+import subprocess
+import sys
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from spikeops.bundle import atomic_write
+from spikeops.errors import InputError
+from spikeops.inventory import fold_nodes
+from spikeops.probes.slurm import is_spikeops_reason
+from spikeops.schedulers.base import ActionLog, ActionResult, SchedulerError
+from spikeops.schedulers.policy import drain_verdict, release_verdict
+from spikeops.schedulers.slurm import STOP_MODES, _check_nodes, drain_reason
+
+__all__ = ["LocalScheduler", "LocalNode", "LocalJob"]
+
+
+@dataclass
+class LocalNode:
+    name: str
+    base_state: str = "IDLE"
+    reason: str | None = None
+    reason_user: str | None = None
+    flags: frozenset[str] = frozenset()
+
+    @property
+    def drained(self) -> bool:
+        return self.base_state == "DRAIN"
+
+    @property
+    def down(self) -> bool:
+        return self.base_state == "DOWN"
+
+    @property
+    def drained_by_spikeops(self) -> bool:
+        return self.drained and is_spikeops_reason(self.reason)
+
+    @property
+    def state(self) -> str:
+        return self.base_state
+
+
+@dataclass
+class LocalJob:
+    job_id: str
+    argv: list[str]
+    nodes: list[str]
+    pid: int | None
+    cwd: str | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    comment: str | None = None
+    exclude: list[str] = field(default_factory=list)
+    state: str = "RUNNING"
+
+
+class LocalScheduler:
+    name = "local"
+
+    def __init__(self, directory: str | Path, log: ActionLog | None = None, *, dry_run: bool = False,
+                 incident: str | None = None) -> None:
+        self.directory = Path(directory)
+        self.log = log or ActionLog(None)
+        self.dry_run = dry_run
+        self.incident = incident
+        (self.directory / "jobs").mkdir(parents=True, exist_ok=True)
+
+    # ------------------------------------------------------------------ state files
+    def _nodes_path(self) -> Path:
+        return self.directory / "nodes.json"
+
+    def nodes(self) -> dict[str, LocalNode]:
+        try:
+            raw = json.loads(self._nodes_path().read_text())
+        except FileNotFoundError:
+            return {}
+        except ValueError as exc:
+            raise SchedulerError(f"{self._nodes_path()}: unreadable state ({exc})") from None
+        return {name: LocalNode(name, entry.get("state", "IDLE"), entry.get("reason"), entry.get("user"))
+                for name, entry in raw.items()}
+
+    def _save_nodes(self, nodes: Mapping[str, LocalNode]) -> None:
+        document = {n.name: {"state": n.base_state, "reason": n.reason, "user": n.reason_user} for n in nodes.values()}
+        atomic_write(self._nodes_path(), (json.dumps(document, indent=1) + "\n").encode())
+
+    def add_nodes(self, names: Iterable[str]) -> None:
+        nodes = self.nodes()
+        for name in _check_nodes(names):
+            nodes.setdefault(name, LocalNode(name))
+        self._save_nodes(nodes)
+
+    def set_node(self, name: str, state: str, reason: str | None, user: str | None = None) -> None:
+        """Change a node as someone else would (an operator, a health check)."""
+        nodes = self.nodes()
+        nodes[name] = LocalNode(name, state, reason, user)
+        self._save_nodes(nodes)
+
+    def _job_path(self, job: str) -> Path:
+        return self.directory / "jobs" / f"{job}.json"
+
+    def show_job(self, job: str) -> LocalJob:
+        path = self._job_path(job)
+        if not job.isdigit() or not path.is_file():
+            raise SchedulerError(f"job {job} not found")
+        raw = json.loads(path.read_text())
+        info = LocalJob(job, raw["argv"], raw["nodes"], raw.get("pid"), raw.get("cwd"), raw.get("env", {}),
+                        raw.get("comment"), raw.get("exclude", []), raw.get("state", "RUNNING"))
+        if info.state == "RUNNING":
+            exit_file = self.directory / "jobs" / f"{job}.exit"
+            if exit_file.is_file():
+                code = exit_file.read_text().strip()
+                info.state = "COMPLETED" if code == "0" else "FAILED"
+            elif info.pid is None or not _alive(info.pid):
+                info.state = "FAILED"
+        return info
+
+    def _save_job(self, info: LocalJob) -> None:
+        document = {"argv": info.argv, "nodes": info.nodes, "pid": info.pid, "cwd": info.cwd, "env": info.env,
+                    "comment": info.comment, "exclude": info.exclude, "state": info.state}
+        atomic_write(self._job_path(info.job_id), (json.dumps(document, indent=1) + "\n").encode())
+
+    def jobs(self) -> list[LocalJob]:
+        return [self.show_job(p.stem) for p in sorted((self.directory / "jobs").glob("*.json"))]
+
+    # ------------------------------------------------------------------ submitting
+    def submit(self, argv: Sequence[str], nodes: Iterable[str], *, env: Mapping[str, str] | None = None,
+               cwd: str | None = None, comment: str | None = None, exclude: Iterable[str] = ()) -> str:
+        """Start ``argv`` as a job on ``nodes`` (minus ``exclude``); its id."""
+        existing = [int(p.stem) for p in (self.directory / "jobs").glob("*.json") if p.stem.isdigit()]
+        job = str(max(existing, default=1000) + 1)
+        exit_file = self.directory / "jobs" / f"{job}.exit"
+        wrapper = [sys.executable, "-c",
+                   "import subprocess,sys; code=subprocess.call(sys.argv[2:]); open(sys.argv[1],'w').write(str(code))",
+                   str(exit_file), *argv]
+        full_env = dict(os.environ, **(env or {}), SPIKEOPS_LOCAL_JOB=job)
+        log_file = open(self.directory / "jobs" / f"{job}.out", "wb")  # noqa: SIM115
+        with log_file:
+            process = subprocess.Popen(wrapper, cwd=cwd, env=full_env, stdout=log_file, stderr=subprocess.STDOUT,
+                                       start_new_session=True)
+        self._save_job(LocalJob(job, list(argv), list(nodes), process.pid, cwd, dict(env or {}), comment,
+                                list(exclude)))
+        return job
+
+    # ------------------------------------------------------------------ actions
+    def _finish(self, result: ActionResult) -> ActionResult:
+        result.incident = result.incident or self.incident
+        self.log.append(result)
+        return result
+
+    def drained(self) -> list[LocalNode]:
+        return [node for node in self.nodes().values() if node.drained_by_spikeops]
+
+    def _known(self, names: list[str]) -> dict[str, LocalNode]:
+        nodes = self.nodes()
+        strangers = [n for n in names if n not in nodes]
+        if strangers:
+            raise SchedulerError(f"not in the cluster: {fold_nodes(strangers)}")
+        return nodes
+
+    def drain(self, nodes: Iterable[str], reason: str, incident: str | None = None) -> list[ActionResult]:
+        names = _check_nodes(nodes)
+        incident = incident or self.incident
+        text = drain_reason(reason, incident)
+        state = self._known(names)
+        results = []
+        for name in names:
+            result = ActionResult("drain", name, "", "", incident=incident)
+            verdict = drain_verdict(state[name])
+            if verdict is not None:
+                result.outcome, result.detail = verdict
+            elif self.dry_run:
+                result.outcome, result.detail = "dry-run", f"would drain with reason {text!r}"
+            else:
+                state[name] = LocalNode(name, "DRAIN", text, os.environ.get("USER", "spikeops"))
+                self._save_nodes(state)
+                result.outcome, result.detail = "done", f"drained: {text}"
+            results.append(self._finish(result))
+        return results
+
+    def release(self, nodes: Iterable[str]) -> list[ActionResult]:
+        names = _check_nodes(nodes)
+        state = self._known(names)
+        results = []
+        for name in names:
+            result = ActionResult("release", name, "", "")
+            verdict = release_verdict(state[name])
+            if verdict is not None:
+                result.outcome, result.detail = verdict
+            elif self.dry_run:
+                result.outcome, result.detail = "dry-run", "would set IDLE"
+            else:
+                was = state[name].reason
+                state[name] = LocalNode(name)
+                self._save_nodes(state)
+                result.outcome, result.detail = "done", f"released (was: {was})"
+            results.append(self._finish(result))
+        return results
+
+    def stop(self, job: str, *, signal: str | None = None, mode: str = "cancel", grace: float = 10.0) -> ActionResult:
+        if mode not in STOP_MODES:
+            raise InputError(f"unknown stop mode {mode!r} (known: {', '.join(STOP_MODES)})")
+        info = self.show_job(job)
+        result = ActionResult("stop", job, "", "", extra={"mode": mode, "state_before": info.state})
+        if info.state != "RUNNING":
+            result.outcome, result.detail = "nothing-to-do", f"already {info.state}"
+            return self._finish(result)
+        if self.dry_run:
+            result.outcome, result.detail = "dry-run", (f"would send SIG{signal.removeprefix('SIG')}, then " if signal
+                                                        else "would ") + f"{mode} pid {info.pid}"
+            return self._finish(result)
+        if signal:
+            number = _signal_number(signal)
+            _killpg(info.pid, number)
+            deadline = time.monotonic() + grace
+            while time.monotonic() < deadline and self.show_job(job).state == "RUNNING":
+                time.sleep(0.1)
+            if self.show_job(job).state != "RUNNING":
+                result.outcome, result.detail = "done", f"SIG{signal.removeprefix('SIG')} sent; the job ended by itself"
+                return self._finish(result)
+        _killpg(info.pid, signals.SIGTERM)
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and _alive(info.pid):
+            time.sleep(0.05)
+        if _alive(info.pid):
+            _killpg(info.pid, signals.SIGKILL)
+        info.state = "CANCELLED" if mode == "cancel" else "REQUEUED" if mode == "requeue" else "HELD"
+        self._save_job(info)
+        result.outcome, result.detail = "done", f"{mode}: {info.state}"
+        return self._finish(result)
+
+    def resume(self, job: str, checkpoint: str, *, exclude: Iterable[str] = (), resume_env: str = "SPIKEOPS_RESUME_FROM",
+               key: str | None = None, **_: Any) -> ActionResult:
+        excluded = _check_nodes(exclude) if list(exclude) else []
+        info = self.show_job(job)
+        key = key or f"spikeops-resume:{job}:{checkpoint}"
+        result = ActionResult("resume", job, "", "", extra={"checkpoint": checkpoint, "exclude": fold_nodes(excluded)})
+        existing = next((j for j in self.jobs() if j.comment == key), None)
+        if existing is not None:
+            result.outcome, result.detail = "nothing-to-do", f"already resubmitted as job {existing.job_id}"
+            result.extra["new_job"] = existing.job_id
+            return self._finish(result)
+        nodes = [n for n in info.nodes if n not in excluded]
+        spare = [n for n in sorted(self.nodes()) if n not in info.nodes and n not in excluded
+                 and not self.nodes()[n].drained and not self.nodes()[n].down]
+        nodes += spare[: len(info.nodes) - len(nodes)]
+        if len(nodes) < len(info.nodes):
+            result.outcome, result.detail = "refused", f"not enough healthy nodes: {len(nodes)} of {len(info.nodes)}"
+            return self._finish(result)
+        if self.dry_run:
+            result.outcome, result.detail = "dry-run", f"would start {' '.join(info.argv)} on {fold_nodes(nodes)}"
+            return self._finish(result)
+        env = dict(info.env, **{resume_env: checkpoint})
+        new = self.submit(info.argv, nodes, env=env, cwd=info.cwd, comment=key, exclude=excluded)
+        result.extra["new_job"] = new
+        result.outcome, result.detail = "done", f"resubmitted as job {new} on {fold_nodes(nodes)} from {checkpoint}"
+        return self._finish(result)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        waited, _ = os.waitpid(pid, os.WNOHANG)
+        if waited == pid:
+            return False
+    except ChildProcessError:
+        pass
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().split()[2] != "Z"
+    except OSError:
+        return True
+
+
+def _killpg(pid: int | None, number: int) -> None:
+    if pid is None:
+        return
+    try:
+        os.killpg(pid, number)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _signal_number(name: str) -> int:
+    text = name.upper().removeprefix("SIG")
+    if text.isdigit():
+        return int(text)
+    try:
+        return int(getattr(signals, f"SIG{text}"))
+    except AttributeError:
+        raise InputError(f"unknown signal {name!r}") from None

@@ -1,0 +1,415 @@
+"""Slurm: stop, preserve, isolate and resume, with the safety rules of NHC.
+
+- A node is drained only with a reason spikeops writes (``spikeops: <cause> <incident>``),
+  and only from a state spikeops understands (idle, allocated, mixed, completing). A node
+  drained or downed by anyone else is never touched: not re-drained with our reason, never
+  resumed. Unknown states (maintenance, reboot, power saving) are left alone.
+- A node is released (``State=RESUME``) only when its reason is spikeops'.
+- Every action reads the state first and again after: a repeat is ``nothing-to-do``, and a
+  command that exited 0 without the effect is ``failed``, not ``done``.
+- A resubmission carries ``--comment=spikeops-resume:<job>:<key>``; a second resume of the
+  same incident finds it and submits nothing.
+
+Commands are argument lists run by a ``Runner`` (locally with ``SLURM_CONF`` honoured, or on
+a login node over SSH); each path is configurable (``SlurmConfig``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import tempfile
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from spikeops.collect.plan import check_job_id
+from spikeops.errors import InputError
+from spikeops.inventory import fold_nodes
+from spikeops.probes.slurm import (
+    REASON_PREFIX,
+    SlurmJob,
+    SlurmNode,
+    parse_show_job,
+    parse_show_node,
+)
+from spikeops.schedulers.base import ActionLog, ActionResult, CommandRun, Runner, SchedulerError
+from spikeops.schedulers.policy import drain_verdict, release_verdict
+
+__all__ = ["SlurmConfig", "SlurmScheduler", "drain_reason", "STOP_MODES"]
+
+STOP_MODES = ("cancel", "requeue", "hold")
+_NODE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+_SIGNAL = re.compile(r"^(?:SIG)?[A-Z][A-Z0-9]{1,10}$|^[0-9]{1,2}$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+@dataclass(frozen=True)
+class SlurmConfig:
+    """Paths and policy. Paths default to ``$SPIKEOPS_<NAME>`` when set, else the bare name."""
+
+    scontrol: str = os.environ.get("SPIKEOPS_SCONTROL", "scontrol")
+    sbatch: str = os.environ.get("SPIKEOPS_SBATCH", "sbatch")
+    scancel: str = os.environ.get("SPIKEOPS_SCANCEL", "scancel")
+    squeue: str = os.environ.get("SPIKEOPS_SQUEUE", "squeue")
+    timeout: float = 30.0
+    #: Seconds between the signal (a checkpoint-and-exit request) and the cancel.
+    signal_grace: float = 30.0
+    #: How the resume checkpoint reaches the job: an environment variable...
+    resume_env: str | None = "SPIKEOPS_RESUME_FROM"
+    #: ...and/or arguments for the batch script, ``{checkpoint}`` filled in (local runner).
+    resume_args: str | None = None
+
+
+def drain_reason(reason: str, incident: str | None) -> str:
+    """``spikeops: <reason> <incident>``, one line, within Slurm's limits."""
+    text = " ".join(reason.split())
+    if text.startswith(REASON_PREFIX):
+        text = text[len(REASON_PREFIX):].strip()
+    if incident and incident not in text:
+        text = f"{text} {incident}".strip()
+    return f"{REASON_PREFIX} {text}"[:240]
+
+
+def _check_nodes(nodes: Iterable[str]) -> list[str]:
+    names = list(dict.fromkeys(nodes))
+    if not names:
+        raise InputError("no nodes given")
+    for name in names:
+        if not _NODE.match(name):
+            raise InputError(f"bad node name {name!r} (letters, digits and ._- only)")
+    return names
+
+
+class SlurmScheduler:
+    name = "slurm"
+
+    def __init__(self, runner: Runner, config: SlurmConfig | None = None, log: ActionLog | None = None,
+                 *, dry_run: bool = False, incident: str | None = None) -> None:
+        self.runner = runner
+        self.config = config or SlurmConfig()
+        self.log = log or ActionLog(None)
+        self.dry_run = dry_run
+        self.incident = incident
+
+    # ------------------------------------------------------------------ running commands
+    def _read(self, argv: list[str], what: str) -> CommandRun:
+        """A read-only command: always runs (also in a dry run); failure is a SchedulerError."""
+        run = self.runner.run(argv, timeout=self.config.timeout)
+        if run.exit != 0:
+            first = (run.stderr.strip() or run.stdout.strip() or f"exit {run.exit}").splitlines()[0]
+            raise SchedulerError(f"{what}: {first[:200]}")
+        return run
+
+    def _act(self, argv: list[str], stdin: str | None = None) -> CommandRun:
+        """A changing command: not run in a dry run (recorded as what would have run)."""
+        if self.dry_run:
+            return CommandRun([str(a) for a in argv], None, "", "", 0.0, ran=False)
+        return self.runner.run(argv, timeout=self.config.timeout, stdin=stdin)
+
+    def _finish(self, result: ActionResult) -> ActionResult:
+        result.incident = result.incident or self.incident
+        self.log.append(result)
+        return result
+
+    # ------------------------------------------------------------------ reading state
+    def show_nodes(self) -> tuple[dict[str, SlurmNode], CommandRun]:
+        run = self._read([self.config.scontrol, "show", "node", "-o"], "cannot read node states")
+        return parse_show_node(run.stdout).by_name(), run
+
+    def show_job(self, job: str) -> tuple[SlurmJob, CommandRun]:
+        check_job_id(job)
+        run = self.runner.run([self.config.scontrol, "show", "job", "-d", "-o", job], timeout=self.config.timeout)
+        if run.exit != 0:
+            text = (run.stderr.strip() or run.stdout.strip()).splitlines()[:1]
+            if text and "invalid job id" in text[0].lower():
+                raise SchedulerError(f"job {job} not found (Slurm: {text[0][:120]})")
+            raise SchedulerError(f"cannot read job {job}: {text[0][:200] if text else f'exit {run.exit}'}")
+        jobs = [j for j in parse_show_job(run.stdout) if j.job_id == job or j.fields.get("ArrayJobId") == job]
+        if not jobs:
+            raise SchedulerError(f"job {job} not found")
+        return jobs[0], run
+
+    def drained(self) -> list[SlurmNode]:
+        """The nodes spikeops has drained (reason starts with ``spikeops:``)."""
+        nodes, _ = self.show_nodes()
+        return [node for node in nodes.values() if node.drained_by_spikeops]
+
+    def _known(self, names: list[str]) -> tuple[dict[str, SlurmNode], CommandRun]:
+        state, run = self.show_nodes()
+        strangers = [name for name in names if name not in state]
+        if strangers:
+            raise SchedulerError(f"not in the cluster: {fold_nodes(strangers)}")
+        return state, run
+
+    # ------------------------------------------------------------------ nodes
+    def drain(self, nodes: Iterable[str], reason: str, incident: str | None = None) -> list[ActionResult]:
+        """Drain each node with a spikeops reason, unless the rules above say no."""
+        names = _check_nodes(nodes)
+        incident = incident or self.incident
+        text = drain_reason(reason, incident)
+        state, looked = self._known(names)
+        results = []
+        for name in names:
+            node = state[name]
+            result = ActionResult("drain", name, "", "", [looked], incident)
+            verdict = drain_verdict(node)
+            if verdict is not None:
+                result.outcome, result.detail = verdict
+            else:
+                run = self._act([self.config.scontrol, "update", f"NodeName={name}", "State=DRAIN",
+                                 f"Reason={text}"])
+                result.commands.append(run)
+                result.outcome, result.detail = self._confirm(name, run, lambda n: n.drained_by_spikeops,
+                                                              f"drained: {text}", result)
+            results.append(self._finish(result))
+        return results
+
+    def release(self, nodes: Iterable[str]) -> list[ActionResult]:
+        """Resume nodes spikeops drained; never one drained by anyone else."""
+        names = _check_nodes(nodes)
+        state, looked = self._known(names)
+        results = []
+        for name in names:
+            node = state[name]
+            result = ActionResult("release", name, "", "", [looked])
+            verdict = release_verdict(node)
+            if verdict is not None:
+                result.outcome, result.detail = verdict
+            else:
+                run = self._act([self.config.scontrol, "update", f"NodeName={name}", "State=RESUME"])
+                result.commands.append(run)
+                result.outcome, result.detail = self._confirm(
+                    name, run, lambda n: not n.drained_by_spikeops, f"released (was: {node.reason})", result)
+            results.append(self._finish(result))
+        return results
+
+    def _confirm(self, name: str, run: CommandRun, check, done: str, result: ActionResult) -> tuple[str, str]:
+        if not run.ran:
+            return "dry-run", f"would run: {' '.join(run.argv)}"
+        if run.exit != 0:
+            return "failed", (run.stderr.strip() or run.stdout.strip() or f"exit {run.exit}").splitlines()[0][:200]
+        after, again = self.show_nodes()
+        result.commands.append(again)
+        node = after.get(name)
+        if node is None or not check(node):
+            return "failed", f"command succeeded but the node is {node.state if node else 'gone'} ({node.reason if node else ''})"
+        return "done", done
+
+    # ------------------------------------------------------------------ jobs
+    def _wait_job(self, job: str, done, seconds: float) -> tuple[SlurmJob, list[CommandRun]]:
+        runs = []
+        deadline = time.monotonic() + seconds
+        while True:
+            info, run = self.show_job(job)
+            runs = [run]
+            if done(info) or time.monotonic() >= deadline:
+                return info, runs
+            time.sleep(0.2)
+
+    def stop(self, job: str, *, signal: str | None = None, mode: str = "cancel",
+             grace: float | None = None) -> ActionResult:
+        """Signal the batch script first when asked (``scancel --signal=SIG --batch``: plain
+        ``--signal`` reaches only the steps), give it ``grace`` seconds to save and exit,
+        then cancel, requeue or hold it."""
+        if mode not in STOP_MODES:
+            raise InputError(f"unknown stop mode {mode!r} (known: {', '.join(STOP_MODES)})")
+        if signal is not None and not _SIGNAL.match(signal):
+            raise InputError(f"bad signal {signal!r} (a name such as USR1, or a number)")
+        info, looked = self.show_job(job)
+        result = ActionResult("stop", job, "", "", [looked], extra={"mode": mode, "state_before": info.state})
+        if info.finished:
+            result.outcome, result.detail = "nothing-to-do", f"already {info.state}"
+            return self._finish(result)
+        if info.state == "PENDING" and mode in ("requeue", "hold") and (
+                "held" in (info.reason or "").lower() or info.fields.get("Priority") == "0"):
+            result.outcome, result.detail = "nothing-to-do", f"already pending and held ({info.reason})"
+            return self._finish(result)
+        if mode == "requeue" and info.state == "PENDING":
+            result.outcome, result.detail = "nothing-to-do", f"already pending ({info.reason})"
+            return self._finish(result)
+        signalled = False
+        if signal and info.state == "RUNNING":
+            name = signal.removeprefix("SIG")
+            signalled = True
+            run = self._act([self.config.scancel, f"--signal={name}", "--batch", job])
+            result.commands.append(run)
+            if run.ran and run.exit != 0:
+                result.outcome, result.detail = "failed", _first(run)
+                return self._finish(result)
+            if run.ran:
+                wait = self.config.signal_grace if grace is None else grace
+                info, runs = self._wait_job(job, lambda j: j.finished, wait)
+                result.commands.extend(runs)
+                if info.finished:
+                    result.outcome, result.detail = "done", f"SIG{name} sent; the job ended by itself ({info.state})"
+                    return self._finish(result)
+        if mode == "cancel":
+            argv = [self.config.scancel, job]
+            ended = lambda j: j.finished  # noqa: E731
+        elif mode == "requeue":
+            argv = [self.config.scontrol, "requeue", job]
+            ended = lambda j: j.state in ("PENDING", "REQUEUED") or j.finished  # noqa: E731
+        else:
+            argv = [self.config.scontrol, "requeuehold" if info.state != "PENDING" else "hold", job]
+            ended = lambda j: j.state == "PENDING" or j.finished  # noqa: E731
+        run = self._act(argv)
+        result.commands.append(run)
+        if not run.ran:
+            result.outcome, result.detail = "dry-run", "would run: " + " ; ".join(
+                " ".join(c.argv) for c in result.commands if not c.ran)
+            return self._finish(result)
+        if run.exit != 0:
+            result.outcome, result.detail = "failed", _first(run)
+            return self._finish(result)
+        info, runs = self._wait_job(job, ended, self.config.timeout)
+        result.commands.extend(runs)
+        result.extra["state_after"] = info.state
+        if ended(info):
+            result.outcome = "done"
+            result.detail = (f"SIG{signal.removeprefix('SIG')} sent, then " if signalled else "") + f"{mode}: {info.state}"
+        else:
+            result.outcome, result.detail = "failed", f"{mode} accepted but the job is still {info.state}"
+        return self._finish(result)
+
+    def preserve(self, job: str, bundle: str | Path, checkpoint: str | Path | None = None) -> ActionResult:
+        """Record the job (``scontrol show job -d``), its batch script and node list into
+        ``BUNDLE/scheduler/`` before anything else changes them; with ``checkpoint``, also
+        keep that checkpoint out of the job's retention (``checkpoints.protect``)."""
+        from spikeops.bundle import atomic_write
+
+        info, looked = self.show_job(job)
+        folder = Path(bundle) / "scheduler"
+        script = self.runner.run([self.config.scontrol, "write", "batch_script", job, "-"], timeout=self.config.timeout)
+        result = ActionResult("preserve", job, "", "", [looked, script])
+        atomic_write(folder / f"job-{job}.txt", looked.stdout.encode())
+        atomic_write(folder / f"nodes-{job}.txt", ("\n".join(info.nodes) + "\n").encode() if info.nodes else b"")
+        if script.exit == 0 and script.stdout:
+            atomic_write(folder / f"batch-{job}.sh", script.stdout.encode())
+            result.outcome, result.detail = "done", f"job record, batch script and {len(info.nodes)} node(s) saved"
+        else:
+            result.outcome = "done"
+            result.detail = f"job record and node list saved; no batch script ({_first(script) or 'not a batch job'})"
+        result.extra["files"] = sorted(p.name for p in folder.iterdir())
+        if checkpoint is not None:
+            from spikeops.checkpoints.protect import protect
+
+            kept, made = protect(checkpoint, f"incident {self.incident or ''} job {job}".strip())
+            result.extra["protected"] = str(kept)
+            result.detail += f"; checkpoint kept at {kept} ({made} new links)"
+        return self._finish(result)
+
+    def _existing_resume(self, key: str) -> str | None:
+        run = self.runner.run([self.config.squeue, "--states=all", "-h", "-o", "%i|%k"], timeout=self.config.timeout)
+        for line in run.stdout.splitlines():
+            job_id, _, comment = line.partition("|")
+            if comment.strip() == key:
+                return job_id.strip()
+        return None
+
+    def resume(self, job: str, checkpoint: str, *, exclude: Iterable[str] = (), requeue: bool = False,
+               script: str | Path | None = None, key: str | None = None) -> ActionResult:
+        """Resubmit the job's batch script without ``exclude``, pointing it at ``checkpoint``
+        (or requeue the job with ``ExcNodeList``). Idempotent by ``--comment``."""
+        excluded = _check_nodes(exclude) if list(exclude) else []
+        info, looked = self.show_job(job)
+        if requeue:
+            return self._requeue(info, excluded, looked)
+        if not checkpoint or "\n" in checkpoint:
+            raise InputError("a checkpoint path is required to resume (--from)")
+        digest = hashlib.sha256(f"{self.incident or ''}|{checkpoint}|{','.join(excluded)}".encode()).hexdigest()[:12]
+        key = key or f"spikeops-resume:{job}:{digest}"
+        result = ActionResult("resume", job, "", "", [looked],
+                              extra={"checkpoint": checkpoint, "exclude": fold_nodes(excluded), "comment": key})
+        existing = self._existing_resume(key)
+        if existing:
+            result.outcome, result.detail = "nothing-to-do", f"already resubmitted as job {existing}"
+            result.extra["new_job"] = existing
+            return self._finish(result)
+        body = Path(script).read_text() if script else None
+        if body is None:
+            run = self.runner.run([self.config.scontrol, "write", "batch_script", job, "-"], timeout=self.config.timeout)
+            result.commands.append(run)
+            if run.exit != 0 or not run.stdout.strip():
+                raise SchedulerError(f"job {job}: no batch script to resubmit ({_first(run) or 'empty'}); "
+                                     "use --requeue, or preserve it first")
+            body = run.stdout
+        argv = [self.config.sbatch, "--parsable", f"--comment={key}"]
+        if info.name:
+            argv.append(f"--job-name={info.name}")
+        if info.partition:
+            argv.append(f"--partition={info.partition}")
+        if info.work_dir:
+            argv.append(f"--chdir={info.work_dir}")
+        if excluded:
+            argv.append(f"--exclude={fold_nodes(excluded)}")
+        if self.config.resume_env:
+            if not _ENV_NAME.match(self.config.resume_env):
+                raise InputError(f"bad environment variable name {self.config.resume_env!r}")
+            argv.append(f"--export=ALL,{self.config.resume_env}={checkpoint}")
+        stdin: str | None = body
+        if self.config.resume_args:
+            handle = tempfile.NamedTemporaryFile("w", suffix=".sh", prefix=f"spikeops-resume-{job}-", delete=False)
+            with handle:
+                handle.write(body)
+            argv.append(handle.name)
+            argv.extend(self.config.resume_args.replace("{checkpoint}", checkpoint).split())
+            stdin = None
+        run = self._act(argv, stdin=stdin)
+        result.commands.append(run)
+        if not run.ran:
+            result.outcome, result.detail = "dry-run", "would run: " + " ".join(argv)
+        elif run.exit != 0:
+            result.outcome, result.detail = "failed", _first(run)
+        else:
+            new_job = run.stdout.strip().split(";")[0]
+            result.extra["new_job"] = new_job
+            result.outcome = "done"
+            result.detail = f"resubmitted as job {new_job} from {checkpoint}" + (
+                f", excluding {fold_nodes(excluded)}" if excluded else "")
+        return self._finish(result)
+
+    def _requeue(self, info: SlurmJob, excluded: list[str], looked: CommandRun) -> ActionResult:
+        job = info.job_id
+        result = ActionResult("resume", job, "", "", [looked], extra={"mode": "requeue",
+                                                                      "exclude": fold_nodes(excluded)})
+        current, _ = _expand(info.fields.get("ExcNodeList", ""))
+        wanted = sorted(set(current) | set(excluded))
+        active = info.state in ("RUNNING", "PENDING", "CONFIGURING") and "held" not in (info.reason or "").lower()
+        if active and set(excluded) <= set(current) and info.state != "RUNNING":
+            result.outcome, result.detail = "nothing-to-do", f"already {info.state} excluding {fold_nodes(current)}"
+            return self._finish(result)
+        runs = []
+        if excluded and set(excluded) - set(current):
+            runs.append(self._act([self.config.scontrol, "update", f"JobId={job}", f"ExcNodeList={fold_nodes(wanted)}"]))
+        if info.state == "RUNNING":
+            runs.append(self._act([self.config.scontrol, "requeue", job]))
+        elif info.state == "PENDING":
+            runs.append(self._act([self.config.scontrol, "release", job]))
+        elif info.finished:
+            runs.append(self._act([self.config.scontrol, "requeue", job]))
+        result.commands.extend(runs)
+        if any(not r.ran for r in runs):
+            result.outcome, result.detail = "dry-run", "would run: " + " ; ".join(" ".join(r.argv) for r in runs)
+        elif any(r.exit != 0 for r in runs):
+            bad = next(r for r in runs if r.exit != 0)
+            result.outcome, result.detail = "failed", _first(bad)
+        else:
+            result.outcome = "done"
+            result.detail = f"requeued" + (f" excluding {fold_nodes(wanted)}" if wanted else "")
+        return self._finish(result)
+
+
+def _expand(text: str) -> tuple[list[str], str | None]:
+    from spikeops.probes.slurm import expand_nodelist
+
+    if not text or text in ("(null)", "None"):
+        return [], None
+    return expand_nodelist(text)
+
+
+def _first(run: CommandRun) -> str:
+    text = (run.stderr.strip() or run.stdout.strip())
+    return text.splitlines()[0][:200] if text else (f"exit {run.exit}" if run.exit else "")
