@@ -12,7 +12,8 @@ node answers:
 - keys (``ssh-keygen``), the ``sshd_config`` text, starting daemons and tarpits, and
   waiting until every address listens (read from ``/proc/net/tcp``, so readiness costs no
   connection: each connection to sshd forks and re-executes a server process);
-- finding every process started for a cluster directory and stopping them, by pid.
+- finding every process started for a cluster directory (``find_processes``); starting and
+  stopping them is ``spikeops.sim.processes``'s, shared with the local Slurm cluster.
 
 External programs are overridable (``SPIKEOPS_SSHD``, ``SPIKEOPS_SSH_KEYGEN``), as NHC does.
 """
@@ -21,16 +22,15 @@ from __future__ import annotations
 
 import os
 import pwd
-import signal
 import socket
 import struct
 import subprocess
 import sys
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from spikeops.errors import SpikeopsError
+from spikeops.sim.processes import ClusterError, pid_alive, proc_read, read_pid, scan, start_daemons, stop
 
 __all__ = [
     "ClusterError",
@@ -59,10 +59,6 @@ LOGIN_HOME = Path("/var/lib/spikeops-sim")
 #: sshd's limit on ListenAddress sockets per process (MAX_LISTEN_SOCKS).
 MAX_LISTEN = 16
 _TARPIT = Path(__file__).with_name("tarpit.py")
-
-
-class ClusterError(SpikeopsError):
-    """The simulated cluster cannot be started, found or stopped; the message says why."""
 
 
 def sshd_path() -> str:
@@ -175,40 +171,6 @@ def tarpit_command(address: str, port: int, pid_file: Path) -> list[str]:
     return [sys.executable, "-I", "-S", str(_TARPIT), address, str(port), str(pid_file)]
 
 
-def start_daemons(commands: Mapping[str, Sequence[str]], logs: Mapping[str, Path]) -> None:
-    """Start self-daemonizing commands side by side; each must exit 0 once it listens.
-
-    sshd and the tarpit both bind before they detach, so a zero exit means "listening"
-    (``wait_listening`` still checks). A failure names the command and the end of its log.
-    """
-    procs = {}
-    for name, argv in commands.items():
-        try:
-            procs[name] = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                           stderr=subprocess.PIPE, start_new_session=True)
-        except OSError as exc:
-            raise ClusterError(f"cannot start {name}: {exc}") from exc
-    failed = []
-    for name, proc in procs.items():
-        try:
-            _, err = proc.communicate(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            _, err = proc.communicate()
-        if proc.returncode != 0:
-            why = _last_words(err.decode(errors="replace"), logs.get(name))
-            failed.append(f"{name} exited {proc.returncode}: {why}")
-    if failed:
-        raise ClusterError("; ".join(failed))
-
-
-def _last_words(stderr: str, log: Path | None) -> str:
-    lines = stderr.strip().splitlines()
-    if not lines and log is not None and log.is_file():
-        lines = log.read_text(encoding="utf-8", errors="replace").strip().splitlines()
-    return lines[-1] if lines else "no message"
-
-
 def listening(port: int) -> set[str]:
     """The IPv4 addresses with a TCP socket in LISTEN state on ``port`` (from /proc/net/tcp)."""
     out = set()
@@ -269,49 +231,6 @@ def check_free(addresses: Iterable[str], port: int) -> None:
 # ---------------------------------------------------------------------------- processes
 
 
-def read_pid(path: Path) -> int | None:
-    try:
-        return int(path.read_text(encoding="ascii").split()[0])
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def _stat(pid: int) -> tuple[str, int] | None:
-    """(state, ppid) of a process, None when it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as handle:
-            text = handle.read()
-    except OSError:
-        return None
-    fields = text[text.rfind(")") + 2:].split()
-    return fields[0], int(fields[1])
-
-
-def pid_alive(pid: int) -> bool:
-    """True for a live process (a zombie is dead: it only waits for its parent to reap it)."""
-    stat = _stat(pid)
-    return stat is not None and stat[0] not in ("Z", "X")
-
-
-def _read(path: str) -> bytes:
-    try:
-        with open(path, "rb") as handle:
-            return handle.read()
-    except OSError:
-        return b""
-
-
-def _own_lineage() -> set[int]:
-    pids, pid = set(), os.getpid()
-    while pid > 1 and pid not in pids:
-        pids.add(pid)
-        stat = _stat(pid)
-        if stat is None:
-            break
-        pid = stat[1]
-    return pids
-
-
 def find_processes(root: Path, pid_files: Iterable[Path] = ()) -> set[int]:
     """Every live process started for the cluster at ``root`` (a resolved path).
 
@@ -325,38 +244,13 @@ def find_processes(root: Path, pid_files: Iterable[Path] = ()) -> set[int]:
     prefix = os.fsencode(str(root)) + b"/"
     markers = (prefix + b"sshd/sshd-", prefix + b"run/tarpit-", prefix + b"bin/")
     env_marker = b"SPIKEOPS_SIM_NODE=" + prefix + b"nodes/"
-    children: dict[int, list[int]] = {}
-    found: set[int] = set()
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        pid = int(entry)
-        stat = _stat(pid)
-        if stat is None or stat[0] in ("Z", "X"):
-            continue
-        children.setdefault(stat[1], []).append(pid)
-        cmdline = _read(f"/proc/{pid}/cmdline")
-        if any(marker in cmdline for marker in markers) or env_marker in _read(f"/proc/{pid}/environ"):
-            found.add(pid)
-    for path in pid_files:
-        pid = read_pid(path)
-        if pid is not None and pid_alive(pid) and prefix in _read(f"/proc/{pid}/cmdline"):
-            found.add(pid)
-    todo = list(found)
-    while todo:
-        for child in children.get(todo.pop(), ()):
-            if child not in found:
-                found.add(child)
-                todo.append(child)
-    return found - _own_lineage()
 
+    def match(pid: int) -> bool:
+        cmdline = proc_read(pid, "cmdline")
+        return any(marker in cmdline for marker in markers) or env_marker in proc_read(pid, "environ")
 
-def _signal(pids: Iterable[int], sig: int) -> None:
-    for pid in pids:
-        try:
-            os.kill(pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
+    seeds = [pid for pid in map(read_pid, pid_files) if pid is not None and prefix in proc_read(pid, "cmdline")]
+    return scan(match, seeds)
 
 
 def stop_processes(root: Path, pid_files: Iterable[Path] = (), *, grace: float = 3.0, timeout: float = 10.0) -> int:
@@ -365,18 +259,4 @@ def stop_processes(root: Path, pid_files: Iterable[Path] = (), *, grace: float =
     Returns how many processes were signalled; ClusterError lists survivors after ``timeout``.
     """
     pid_files = list(pid_files)
-    start = time.monotonic()
-    signalled: set[int] = set()
-    while True:
-        alive = find_processes(root, pid_files)
-        if not alive:
-            return len(signalled)
-        elapsed = time.monotonic() - start
-        if elapsed > timeout:
-            raise ClusterError(f"processes of {root} still running after {timeout:.0f} s: "
-                               f"{', '.join(map(str, sorted(alive)[:20]))}")
-        _signal(sorted(alive - signalled), signal.SIGTERM)
-        if elapsed > grace:
-            _signal(alive, signal.SIGKILL)
-        signalled |= alive
-        time.sleep(0.02)
+    return stop(lambda: find_processes(root, pid_files), str(root), grace=grace, timeout=timeout)
