@@ -37,13 +37,11 @@ import ipaddress
 import json
 import os
 import pwd
-import re
-import shutil
 import sys
 import time
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field, fields
+from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -51,6 +49,7 @@ from typing import Any
 from ClusterShell.NodeSet import NodeSet
 
 from spikeops.bundle import BundleWriter
+from spikeops.sim import localcluster
 from spikeops.sim.build import build_bundle
 from spikeops.sim.model import CAUSES
 from spikeops.sim.nodefiles import NodeSource, bundle_sources, real_sources, write_node
@@ -64,7 +63,6 @@ from spikeops.sim.sshd import (
     keygen,
     listening,
     login_user,
-    pid_alive,
     read_pid,
     sshd_config,
     sshd_path,
@@ -98,10 +96,9 @@ REAL = "real"
 #: ``cluster.json``'s format tag.
 FORMAT = "spikeops-sim-cluster/1"
 REAL_JOB = "1000"
+# Cluster's fields that are paths (cluster.json holds them as strings).
+_PATHS = ("directory", "inventory", "known_hosts", "ssh_config", "identity_file", "scenario_bundle")
 
-# Paths are written into sshd_config, shell scripts and TOML unquoted or single-quoted:
-# keep D to characters that need no quoting anywhere.
-_SAFE_PATH = re.compile(r"^[A-Za-z0-9._/@+,=:-]+$")
 # What up writes in D (and may replace when the cluster there is stopped).
 _ENTRIES = ("cluster.json", "inventory.toml", "ssh_config", "known_hosts", "scenario", "nodes", "jobs", "addr",
             "bin", "keys", "sshd", "run", "log")
@@ -128,16 +125,6 @@ class Cluster:
         """argv of ``ssh -F D/ssh_config NODE [COMMAND]`` (for subprocess)."""
         argv = ["ssh", "-F", str(self.ssh_config), node]
         return argv if command is None else [*argv, command]
-
-    def to_json(self) -> dict[str, Any]:
-        return {key: (str(value) if isinstance(value, Path) else value) for key, value in asdict(self).items()}
-
-    @classmethod
-    def from_json(cls, document: Mapping[str, Any]) -> Cluster:
-        paths = {"directory", "inventory", "known_hosts", "ssh_config", "identity_file", "scenario_bundle"}
-        kwargs = {f.name: (Path(document[f.name]) if f.name in paths else document[f.name])
-                  for f in fields(cls) if f.name in document}
-        return cls(**kwargs)
 
 
 # ---------------------------------------------------------------------------- helpers
@@ -211,25 +198,9 @@ def _resolve_faults(faults: Mapping[str, str] | None, nodes: Sequence[str]) -> d
 
 
 def _check_directory(root: Path) -> None:
-    if not _SAFE_PATH.match(str(root)):
-        raise ClusterError(f"{root}: cluster directory paths may only hold letters, digits and ._/@+,=:- "
-                           f"(they are written unquoted into sshd and shell configs)")
-    if not root.exists():
-        return
-    if not root.is_dir():
-        raise ClusterError(f"{root} exists and is not a directory")
-    if (root / "cluster.json").is_file():
-        if find_processes(root, _pid_files(root)):
-            raise ClusterError(f"a cluster is already running in {root}; stop it first "
-                               f"(infra/sim/cluster down --dir {root})")
-        for name in _ENTRIES:
-            target = root / name
-            if target.is_dir() and not target.is_symlink():
-                shutil.rmtree(target)
-            elif target.exists() or target.is_symlink():
-                target.unlink()
-    elif any(root.iterdir()):
-        raise ClusterError(f"{root} is not empty and holds no cluster; give an empty or new directory")
+    # Paths are written into sshd_config, shell scripts and TOML unquoted or single-quoted.
+    localcluster.prepare(root, _ENTRIES, lambda r: bool(find_processes(r, _pid_files(r))), what="a cluster",
+                         written_into="sshd and shell configs", down_command="infra/sim/cluster down")
 
 
 def _make_reachable(root: Path) -> list[str]:
@@ -375,11 +346,7 @@ def _write_nodes(cluster: Cluster, sources: Mapping[str, NodeSource]) -> None:
 
 
 def _save(cluster: Cluster, extra: Mapping[str, Any]) -> None:
-    document = {"format": FORMAT, **cluster.to_json(), **extra}
-    path = cluster.directory / "cluster.json"
-    tmp = path.with_name(".cluster.json.tmp")
-    tmp.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    localcluster.save(cluster.directory, FORMAT, cluster, extra)
 
 
 def _start_servers(cluster: Cluster, sshd: str, timeout: float) -> tuple[dict[str, int], list[list[str]]]:
@@ -448,8 +415,7 @@ def up(directory: str | Path, *, nodes: int = 8, scenario: str = "gpu_xid", seed
     try:
         root.mkdir(parents=True, exist_ok=True)
         # A stub first: a failed up leaves a directory the next up may replace.
-        (root / "cluster.json").write_text(json.dumps({"format": FORMAT, "state": "starting"}) + "\n",
-                                           encoding="utf-8")
+        localcluster.save(root, FORMAT, {"state": "starting"})
         user = login_user()
         searchable = _make_reachable(root) if user != _invoking_user() else []
         incident, sources = _scenario(root, scenario, nodes, seed, distractors,
@@ -492,19 +458,7 @@ def _invoking_user() -> str:
 
 def load(directory: str | Path) -> Cluster:
     """The Cluster that ``up`` wrote to ``D/cluster.json`` (running or not)."""
-    path = Path(directory).resolve() / "cluster.json"
-    try:
-        document = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ClusterError(f"no simulated cluster in {path.parent} (no cluster.json)") from None
-    except (OSError, ValueError) as exc:
-        raise ClusterError(f"{path}: unreadable ({exc})") from exc
-    if document.get("format") != FORMAT:
-        raise ClusterError(f"{path}: not a {FORMAT} file")
-    try:
-        return Cluster.from_json(document)
-    except TypeError:
-        raise ClusterError(f"{path}: an up that did not finish (run up again, or down)") from None
+    return localcluster.load(directory, FORMAT, Cluster, _PATHS, what="simulated cluster")
 
 
 def down(directory: str | Path) -> None:
@@ -516,13 +470,9 @@ def down(directory: str | Path) -> None:
     stop_processes(root, _pid_files(root))
 
 
-@contextmanager
-def running(directory: str | Path, **kwargs: Any) -> Iterator[Cluster]:
-    """``up`` ... ``down``, with ``down`` even when the body raises."""
-    try:
-        yield up(directory, **kwargs)
-    finally:
-        down(directory)
+def running(directory: str | Path, **kwargs: Any) -> AbstractContextManager[Cluster]:
+    """``with running(D, ...) as cluster:`` ``up`` ... ``down``, with ``down`` even when the body raises."""
+    return localcluster.session(up, down, directory, kwargs)
 
 
 def status(directory: str | Path) -> dict[str, Any]:
@@ -531,8 +481,7 @@ def status(directory: str | Path) -> dict[str, Any]:
     from spikeops.sim.sshd import listening
 
     cluster = load(directory)
-    document = json.loads((cluster.directory / "cluster.json").read_text(encoding="utf-8"))
-    processes = {name: {"pid": pid, "alive": pid_alive(pid)} for name, pid in document.get("pids", {}).items()}
+    processes = localcluster.recorded_processes(cluster.directory)
     expected = [cluster.addresses[n] for n in cluster.nodes if cluster.faults.get(n) != "refuse"]
     up_now = listening(cluster.port) if Path("/proc/net/tcp").is_file() else set()
     listening_count = sum(1 for address in expected if address in up_now)
@@ -616,38 +565,14 @@ def _print_status(state: Mapping[str, Any]) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Exit 0 on success; 1 for ``status`` of a cluster not fully up; 2 with a one-line reason.
-
-    Only the action decides the exit status: a closed stdout (``| head``) after a
-    successful ``up`` must not report a failure while the cluster runs.
-    """
+    """Exit 0 on success; 1 for ``status`` of a cluster not fully up; 2 with a one-line reason."""
     args = _parser().parse_args(argv)
-    started = time.monotonic()
-    try:
-        if args.command == "up":
-            result: Any = up(args.dir, nodes=args.nodes, scenario=args.scenario, seed=args.seed, port=args.port,
-                             first_address=args.first_address, faults=dict(args.fault),
-                             distractors=args.distractors, fixtures=args.fixtures)
-        elif args.command == "down":
-            result = down(args.dir)
-        else:
-            result = status(args.dir)
-    except (ClusterError, ValueError, OSError) as exc:
-        sys.stderr.write(f"spikeops.sim.cluster: {exc}\n")
-        return 2
-    try:
-        if args.command == "up":
-            _print_up(result, time.monotonic() - started)
-        elif args.command == "down":
-            print(f"down: nothing of {Path(args.dir).resolve()} is running")
-        elif args.json:
-            print(json.dumps(result, indent=2))
-        else:
-            _print_status(result)
-        sys.stdout.flush()
-    except BrokenPipeError:
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
-    return 1 if args.command == "status" and not result["running"] else 0
+    return localcluster.command_line(
+        "spikeops.sim.cluster", args,
+        start=lambda: up(args.dir, nodes=args.nodes, scenario=args.scenario, seed=args.seed, port=args.port,
+                         first_address=args.first_address, faults=dict(args.fault), distractors=args.distractors,
+                         fixtures=args.fixtures),
+        down=down, status=status, show_up=_print_up, show_status=_print_status)
 
 
 if __name__ == "__main__":
