@@ -260,3 +260,16 @@ def test_bad_row_keeps_the_sinfo_rows_around_it(junk):
     result = slurm.parse_sinfo_reasons("\n".join(lines[:5] + [junk] + lines[5:]))
     reasons = [(r.line, r.nodelist) for r in result.rows]
     assert (3, "cpu242") in reasons and (13, "gpu[018-020,027-029,031-033,045]") in reasons
+
+
+def test_show_job_one_line_form_with_every_kind_of_key():
+    from spikeops.probes.slurm import parse_show_job
+
+    text = ("JobId=3 JobName=j.sh UserId=root(0) JobState=RUNNING Reason=None Requeue=1 BatchFlag=1 "
+            "NodeList=node[001-002] Partition=debug AllocNode:Sid=localhost:27100 ReqNodeList=(null) "
+            "ExcNodeList=node004 Socks/Node=* WorkDir=/tmp Comment=spikeops-resume:3:ab12 Command=/tmp/j.sh")
+    job = parse_show_job(text)[0]
+    assert (job.job_id, job.state, job.partition, job.nodes) == ("3", "RUNNING", "debug", ["node001", "node002"])
+    assert job.fields["AllocNode:Sid"] == "localhost:27100" and job.fields["ExcNodeList"] == "node004"
+    assert job.comment == "spikeops-resume:3:ab12" and job.requeue and job.batch and not job.finished
+    assert parse_show_job("JobId=4 JobState=CANCELLED Reason=None NodeList=(null)")[0].finished

@@ -345,6 +345,10 @@ FINISHED_JOB_STATES = frozenset({"BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLIN
                                  "OUT_OF_MEMORY", "PREEMPTED", "TIMEOUT", "REVOKED", "SPECIAL_EXIT"})
 
 
+#: Job keys include ``AllocNode:Sid=`` and ``Socks/Node=``.
+_JOB_KEY = re.compile(r"(?:^|(?<=\s))(?P<key>[A-Z][A-Za-z0-9_/:]*)=")
+
+
 @dataclass
 class SlurmJob:
     """One job as ``scontrol show job -d -o`` printed it; ``fields`` holds every pair."""
@@ -374,7 +378,7 @@ def parse_show_job(source: LineSource) -> list[SlurmJob]:
     jobs = []
     for block in blocks:
         line = " ".join(part.strip() for part in block.splitlines())
-        marks = list(_KEY.finditer(line))  # job fields carry no free text with " Key=" inside
+        marks = list(_JOB_KEY.finditer(line))  # job fields carry no free text with " Key=" inside
         fields = {mark["key"]: line[mark.end(): marks[i + 1].start() if i + 1 < len(marks) else len(line)].strip()
                   for i, mark in enumerate(marks)}
         nodes, _ = expand_nodelist(fields.get("NodeList", "")) if fields.get("NodeList", "") not in _NULL else ([], None)
