@@ -7,7 +7,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 # Debian packages the test suite needs (installed only when missing; see infra/apt-ensure.sh).
-APT_PACKAGES := openssh-server
+APT_PACKAGES := openssh-server munge slurmctld slurmd slurm-client
 # ... and the benchmarks' baselines (pdsh; clush comes with ClusterShell from PyPI).
 BENCH_APT_PACKAGES := openssh-server pdsh
 
