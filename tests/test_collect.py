@@ -28,8 +28,8 @@ from spikeops.sim import cluster as simcluster
 FAULTS = {"#1": "refuse", "#2": "silent", "#3": "hostkey", "#4": "hang", "#5": "flood",
           "#6": "nogpu", "#7": "noib", "#8": "slow"}
 #: Small bounds so the faulty nodes cost seconds, not the defaults' minutes.
-CONNECT_TIMEOUT = 2
-COMMAND_TIMEOUT = 4
+CONNECT_TIMEOUT = 5
+COMMAND_TIMEOUT = 6
 CAP = 1 << 20
 
 
