@@ -1,0 +1,55 @@
+"""Prefect tasks for telling people: Slack messages at each stage, and the report artifact.
+
+The token comes from the environment or a Prefect Secret block (``slack_token_block``);
+it is handed to slack-sdk and never returned, logged or stored in a result. A Slack failure
+is returned as data (``Delivery.error``): a notification never fails the incident flow.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from prefect import task
+from prefect.artifacts import create_markdown_artifact
+
+from spikeops.notify import SlackNotifier, notify_bundle
+
+__all__ = ["slack_notifier", "notify_stage", "notify_diagnosis", "report_artifact"]
+
+
+def slack_notifier(bundle: str | Path, channel: str | None = None, slack_token_block: str | None = None,
+                   api_url: str | None = None) -> SlackNotifier:
+    """A notifier for the incident's bundle; the token from a Prefect Secret block when named,
+    else from SLACK_BOT_TOKEN (absent: the outbox)."""
+    token = None
+    if slack_token_block:
+        from prefect.blocks.system import Secret
+
+        token = Secret.load(slack_token_block).get()
+    return SlackNotifier(bundle, channel=channel, token=token, api_url=api_url)
+
+
+@task(name="notify-stage", task_run_name="notify {key}", retries=0)
+def notify_stage(notifier: SlackNotifier, key: str, text: str) -> dict[str, Any]:
+    delivery = notifier.stage(key, text)
+    return {"key": delivery.key, "posted": delivery.posted, "error": delivery.error}
+
+
+@task(name="notify-diagnosis")
+def notify_diagnosis(bundle: str, notifier: SlackNotifier, links: Mapping[str, str] | None = None,
+                     outcome: str | None = None) -> dict[str, Any]:
+    result = notify_bundle(bundle, links=links, outcome=outcome, notifier=notifier)
+    return {"delivered": result.delivered, "report": str(result.report),
+            "deliveries": [{"key": d.key, "posted": d.posted, "error": d.error} for d in result.deliveries]}
+
+
+@task(name="report-artifact")
+def report_artifact(bundle: str, key: str | None = None) -> str | None:
+    """Attach the bundle's report.md to the flow run as a markdown artifact."""
+    path = Path(bundle) / "report.md"
+    if not path.is_file():
+        return None
+    artifact = create_markdown_artifact(markdown=path.read_text(), key=key, description="incident report")
+    return str(artifact)
