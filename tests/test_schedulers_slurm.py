@@ -62,6 +62,15 @@ def _wait_state(slurm, job: str, states: set[str], seconds: float = 20) -> str:
     raise AssertionError(f"job {job} stayed {state}, wanted {states}")
 
 
+def _wait_file(path: Path, seconds: float = 20) -> None:
+    """Until the batch script has set its trap (and a moment for slurmd to register the step)."""
+    deadline = time.monotonic() + seconds
+    while not path.exists():
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        time.sleep(0.05)
+    time.sleep(0.3)
+
+
 def _node_reason(slurm, node: str) -> tuple[str, str]:
     fields = dict(p.split("=", 1) for p in _scontrol(slurm, "show", "node", "-o", node).split() if "=" in p)
     text = _scontrol(slurm, "show", "node", "-o", node)
@@ -109,14 +118,18 @@ def test_dry_run_changes_nothing(slurm, tmp_path: Path, monkeypatch: pytest.Monk
 def test_stop_signals_the_batch_script_then_cancels(slurm, tmp_path: Path) -> None:
     scheduler = _scheduler(slurm, tmp_path)
     saved = tmp_path / "saved"
-    polite = _submit(slurm, tmp_path, f"trap 'echo saved > {saved}; exit 0' USR1\nwhile true; do sleep 0.2; done\n")
+    polite = _submit(slurm, tmp_path, f"trap 'echo saved > {saved}; exit 0' USR1\ntouch {tmp_path}/ready1\n"
+                                      "while true; do sleep 0.2; done\n")
     _wait_state(slurm, polite, {"RUNNING"})
+    _wait_file(tmp_path / "ready1")
     result = scheduler.stop(polite, signal="USR1")
     assert result.outcome == "done" and "ended by itself" in result.detail
     assert saved.read_text().strip() == "saved"
     stubborn_mark = tmp_path / "stubborn"
-    stubborn = _submit(slurm, tmp_path, f"trap 'echo got > {stubborn_mark}' USR1\nwhile true; do sleep 0.2; done\n")
+    stubborn = _submit(slurm, tmp_path, f"trap 'echo got > {stubborn_mark}' USR1\ntouch {tmp_path}/ready2\n"
+                                        "while true; do sleep 0.2; done\n")
     _wait_state(slurm, stubborn, {"RUNNING"})
+    _wait_file(tmp_path / "ready2")
     result = scheduler.stop(stubborn, signal="USR1", grace=1.5)
     assert result.outcome == "done" and result.extra["state_after"] == "CANCELLED"
     assert stubborn_mark.is_file()
