@@ -1,0 +1,34 @@
+"""Training-side instrumentation: the evidence the diagnosis needs, and the seed's
+prevention checklist, in a few lines of any training loop. Importable without torch; torch
+is used when the job has imported it.
+
+- ``MetricsLogger``: metrics.jsonl, ranks.jsonl, batches.jsonl in the bundle formats;
+- ``GradGuard``, ``NanGuard``, ``filter_samples``: grad-norm clip and z-score alarm, the
+  first NaN recorded and alerted, max-length/empty/duplicate filters;
+- ``capture_state``/``restore_state``/``FingerprintCheck``: RNG and sampler state with the
+  checkpoint, and the data-order check after a resume;
+- ``AnomalyLocator``: the operator that produced the first NaN, after a resume;
+- ``on_checkpoint_saved``: resume state and MANIFEST.json on every save.
+"""
+
+from __future__ import annotations
+
+from spikeops.train.anomaly import AnomalyLocator
+from spikeops.train.checkpointing import on_checkpoint_saved
+from spikeops.train.guards import FilterStats, GradGuard, NanGuard, NonFiniteLoss, filter_samples
+from spikeops.train.logger import MetricsLogger, batch_record, fingerprint
+from spikeops.train.resume import (
+    DataOrderWarning,
+    FingerprintCheck,
+    capture_state,
+    load_state,
+    restore_state,
+    save_state,
+)
+
+__all__ = [
+    "MetricsLogger", "fingerprint", "batch_record",
+    "GradGuard", "NanGuard", "NonFiniteLoss", "filter_samples", "FilterStats",
+    "capture_state", "restore_state", "save_state", "load_state", "FingerprintCheck", "DataOrderWarning",
+    "AnomalyLocator", "on_checkpoint_saved",
+]
