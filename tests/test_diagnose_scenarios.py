@@ -52,3 +52,19 @@ def test_each_cause_is_named_with_its_culprits(tmp_path, cause, seed):
 def test_no_healthy_node_is_ever_isolated(tmp_path_factory, cause, seed):
     expected, document = _diagnosed(tmp_path_factory.mktemp("prop"), cause, seed)
     _check_safety(expected, document)
+
+
+def test_small_worlds_ordinary_noise_is_not_a_departing_rank():
+    """With 4 ranks, a grad norm 20 % above a tight 3-peer spread is noise, not misalignment
+    (found on examples/train_tiny.py's 4-rank run); a real departure (2x) still counts."""
+    from types import SimpleNamespace
+
+    from spikeops.diagnosis.data import departing_ranks
+
+    def ctx_of(values):
+        records = [SimpleNamespace(step=10, rank=r, loss=2.0, grad_norm=v, mem_allocated_gb=None)
+                   for r, v in enumerate(values)]
+        return SimpleNamespace(ranks_by_step=lambda: {10: records})
+
+    assert departing_ranks(ctx_of([1.04, 0.86, 0.87, 0.85]), [10]) == {}
+    assert set(departing_ranks(ctx_of([2.1, 0.86, 0.87, 0.85]), [10])) == {0}

@@ -149,11 +149,18 @@ def data_rng_not_restored(ctx: Context) -> list[Finding]:
     )]
 
 
+#: Below this many ranks at a step, a departure must be large on its own to count.
+MIN_PEERS = 8
+SMALL_WORLD_RELATIVE = {"loss": 0.5, "grad_norm": 0.5, "mem_allocated_gb": 0.1}
+
+
 def departing_ranks(ctx: Context, steps: range | list[int]) -> dict[int, list[tuple[int, str, float, float]]]:
     """Ranks whose loss, grad norm or memory departs from their peers at ``steps``.
 
     Per step and value, the peers' median and MAD; a rank departs when it is > 6 MADs and
-    > 20 % (memory: 5 %) away from the median while most ranks are not. Returns rank ->
+    > 20 % (memory: 5 %) away from the median while most ranks are not. With fewer than
+    ``MIN_PEERS`` ranks the MAD of a handful of values says little about their noise, so a
+    departure must also be large on its own (50 %; memory 10 %). Returns rank ->
     [(step, value name, value, peers' median)].
     """
     by_step = ctx.ranks_by_step()
@@ -169,6 +176,8 @@ def departing_ranks(ctx: Context, steps: range | list[int]) -> dict[int, list[tu
                 continue
             median = statistics.median(finite)
             mad = statistics.median(abs(v - median) for v in finite) * 1.4826
+            if len(finite) < MIN_PEERS:
+                relative = max(relative, SMALL_WORLD_RELATIVE[name])
             threshold = max(6 * mad, relative * abs(median), 1e-9)
             outliers = [(rank, v) for rank, v in values if not (abs(v - median) <= threshold)]
             if 0 < len(outliers) <= max(1, len(values) // 8):
