@@ -29,7 +29,7 @@ from spikeops.diagnosis.evidence import BundleFacts, load_bundle
 from spikeops.diagnosis.model import LAYERS, Diagnosis, EvidenceLine, Finding
 from spikeops.diagnosis.symptom import WINDOW, classify
 
-__all__ = ["diagnose", "diagnose_facts", "ALL_RULES", "PRIMARY_THRESHOLD"]
+__all__ = ["diagnose", "diagnose_facts", "classify_bundle", "focus_step", "ALL_RULES", "PRIMARY_THRESHOLD"]
 
 ALL_RULES = (*data.RULES, *numeric.RULES, *communication.RULES, *hardware.RULES, *checkpoint.RULES)
 #: A finding must reach this confidence to be the primary cause or to convict nodes.
@@ -141,21 +141,36 @@ def _dedupe(items: list[Any]) -> list[Any]:
 
 
 def _focus(facts: BundleFacts) -> int | None:
+    return focus_step(facts.incident.window, facts.metrics)
+
+
+def focus_step(window: Any, metrics: Any) -> int | None:
     """The first step that may be the spike: the window's start, moved back by the window's
     length (at least 10 minutes), because metrics lag and a job that died stops logging
     before the alert fires. None (the whole run) when steps carry no times."""
-    window = facts.incident.window
-    if facts.metrics is None or window is None or window.start is None:
+    if metrics is None or window is None or window.start is None:
         return None
-    frame = facts.metrics.frame
+    frame = metrics.frame
     if not frame["time"].notna().any():
         return None
     span = (window.end - window.start) if window.end is not None else timedelta(0)
     start = window.start - max(span, timedelta(minutes=10))
-    focus = facts.metrics.step_at_or_after(start)
+    focus = metrics.step_at_or_after(start)
     if focus is None:  # every logged step is older than the window: judge the last stretch
         focus = int(frame.index[max(0, len(frame) - WINDOW)])
     return focus
+
+
+def classify_bundle(path: str | Path) -> Any:
+    """The symptom from the metrics alone, as the diagnosis will judge it (seconds, without
+    reading any node's evidence): what the incident flow protects on first."""
+    from spikeops.bundle import open_bundle
+    from spikeops.diagnosis.evidence import load_metrics
+
+    bundle = open_bundle(path)
+    metrics, _ = load_metrics(bundle)
+    frame = metrics.frame if metrics is not None else None
+    return classify(frame, focus_step(bundle.incident.window, metrics))
 
 
 def diagnose_facts(facts: BundleFacts) -> Diagnosis:

@@ -1,0 +1,278 @@
+"""The incident flow: protect, snapshot, collect, diagnose, isolate (approved), resume, tell.
+
+The stages follow the seed's rapid-response matrix. Each is a task over the core, and each
+is idempotent on its own terms, so a rerun of the same incident (same ``incident_id``)
+continues rather than repeats:
+- the bundle is reused;
+- a stopped job is nothing to do;
+- a node already drained by spikeops is nothing to do;
+- a resume finds the job it already submitted (``--comment``);
+- Slack continues the thread and posts no stage twice.
+
+Safety first:
+- nodes are drained only when the diagnosis convicts them and a person approves (a
+  ``pause_flow_run`` with a typed ``Approval`` input), unless the policy auto-approves
+  high-confidence hardware faults;
+- a job is resumed only from a checkpoint that verified;
+- ``dry_run`` runs everything read-only and says what it would have done.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any, Literal
+
+from prefect import flow, get_run_logger, task
+from prefect.artifacts import create_table_artifact
+from prefect.input import RunInput
+from pydantic import BaseModel, Field, field_validator
+
+from spikeops.bundle import BundleWriter
+from spikeops.timeparse import iso
+from tasks.checkpoints import pick_checkpoint
+from tasks.collect import collect_evidence
+from tasks.notify import report_artifact
+
+__all__ = ["IncidentParams", "Approval", "incident_response", "STAGES"]
+
+STAGES = ("protect", "collect", "diagnose", "isolate", "resume", "notify")
+_JOB = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:+-]{0,127}$")
+#: The incident window when the job's files do not give one.
+WINDOW = timedelta(hours=1)
+#: The seed's rapid-response matrix: which symptoms stop the job at once.
+STOP_AT_ONCE = {"instant_nan", "spike_no_recovery"}
+
+
+class IncidentParams(BaseModel):
+    """What the flow needs; validated, so the UI's custom-run form refuses nonsense."""
+
+    job_id: str = Field(description="the scheduler's job id")
+    inventory: str = Field(description="cluster inventory file (docs/inventory.md)")
+    run_dir: str = Field(description="where the job's spikeops.train files are (metrics.jsonl, batches.jsonl...)")
+    checkpoint_root: str | None = Field(None, description="directory holding the job's checkpoints")
+    incidents_dir: str = Field("~/.local/state/spikeops/incidents", description="where bundles are written")
+    incident_id: str | None = Field(None, description="reuse an incident (idempotent rerun); default: derived")
+    scheduler: Literal["slurm", "local"] = "slurm"
+    scheduler_state_dir: str | None = Field(None, description="the local scheduler's state directory")
+    dry_run: bool = False
+    skip: list[Literal["protect", "collect", "isolate", "resume", "notify"]] = Field(default_factory=list)
+    approval: Literal["always", "auto-hardware", "never"] = Field(
+        "always", description="always ask a person; auto-approve hardware faults at >= 0.8; never isolate")
+    approval_timeout_s: int = Field(3600, ge=1, le=7 * 86400)
+    slack_channel: str | None = None
+    alert: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("job_id")
+    @classmethod
+    def _job(cls, value: str) -> str:
+        if not _JOB.match(value):
+            raise ValueError("job id: letters, digits and _.:+- only")
+        return value
+
+    @field_validator("incident_id")
+    @classmethod
+    def _incident(cls, value: str | None) -> str | None:
+        if value is not None and not re.match(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$", value):
+            raise ValueError("incident id: letters, digits and _.- only")
+        return value
+
+
+class Approval(RunInput):
+    """What the person answering the approval page types in."""
+
+    approve: bool = Field(description="drain the culprit nodes and resume the job without them")
+    approver: str = Field("", description="who decided (kept in actions.jsonl)")
+    note: str = ""
+
+
+def _scheduler(params: IncidentParams, bundle: Path, incident: str) -> Any:
+    from spikeops.schedulers import open_scheduler
+
+    return open_scheduler(params.scheduler, log_path=bundle / "actions.jsonl", dry_run=params.dry_run,
+                          incident=incident, state_dir=params.scheduler_state_dir)
+
+
+@task(name="open-incident")
+def open_incident(params: IncidentParams) -> tuple[str, str]:
+    """The bundle: incident.json from the job's record, and a snapshot of the job's own
+    files (they rotate). Reused as it is when the incident already exists."""
+    stamp = datetime.now(UTC)
+    incident = params.incident_id or f"inc-{stamp:%Y%m%dT%H%M%SZ}-{params.job_id}"
+    bundle = Path(params.incidents_dir).expanduser() / incident
+    if (bundle / "incident.json").is_file():
+        return incident, str(bundle)
+    scheduler = _scheduler(params, bundle, incident)
+    info = scheduler.show_job(params.job_id)
+    info = info[0] if isinstance(info, tuple) else info
+    run = Path(params.run_dir)
+    bundle.mkdir(parents=True, exist_ok=True)
+    for name in ("metrics.jsonl", "ranks.jsonl", "batches.jsonl", "train.log"):
+        if (run / name).is_file():
+            shutil.copy2(run / name, bundle / name)
+    if (run / "reference" / "batches.jsonl").is_file():
+        (bundle / "reference").mkdir(parents=True, exist_ok=True)
+        shutil.copy2(run / "reference" / "batches.jsonl", bundle / "reference" / "batches.jsonl")
+    # The job's own description (spikeops.train writes one: max_length, ranks, resume point)
+    # wins over nothing; the scheduler's node list wins over it.
+    source = run / "incident.json"
+    known = json.loads(source.read_text()) if source.is_file() else {}
+    job: dict[str, Any] = dict(known.get("job") or {})
+    job.update({"id": params.job_id, "scheduler": params.scheduler, "nodes": list(info.nodes)})
+    window = known.get("window") or {"start": iso(stamp - WINDOW), "end": iso(stamp)}
+    BundleWriter(bundle).write_incident({
+        "incident_id": incident, "created": iso(stamp),
+        "alert": params.alert or {"source": "prefect", "received": iso(stamp), "payload": {}},
+        "job": job, "window": window,
+    })
+    return incident, str(bundle)
+
+
+@task(name="classify")
+def classify_symptom(bundle: str) -> dict[str, Any]:
+    from spikeops.diagnosis.engine import classify_bundle
+
+    result = classify_bundle(bundle)
+    return {"symptom": result.symptom, "spike_step": result.spike_step}
+
+
+@task(name="protect")
+def protect(params: IncidentParams, bundle: str, incident: str, symptom: str | None) -> list[dict[str, Any]]:
+    """Stop at once (signal first, so the job can save) and preserve, for NaN and no
+    recovery; for a single spike keep training and record."""
+    scheduler = _scheduler(params, Path(bundle), incident)
+    done = []
+    if symptom in STOP_AT_ONCE:
+        if hasattr(scheduler, "preserve"):
+            done.append(scheduler.preserve(params.job_id, bundle).to_json())
+        done.append(scheduler.stop(params.job_id, signal="USR1", grace=10).to_json())
+    return done
+
+
+@task(name="diagnose")
+def diagnose_bundle(bundle: str) -> dict[str, Any]:
+    from spikeops.bundle import atomic_write
+    from spikeops.diagnosis import diagnose
+
+    document = diagnose(bundle).to_json()
+    atomic_write(Path(bundle) / "diagnosis.json", (json.dumps(document, indent=2, default=str) + "\n").encode())
+    return document
+
+
+@task(name="isolate")
+def isolate(params: IncidentParams, bundle: str, incident: str, nodes: list[str], cause: str) -> list[dict[str, Any]]:
+    scheduler = _scheduler(params, Path(bundle), incident)
+    return [r.to_json() for r in scheduler.drain(nodes, cause, incident)]
+
+
+@task(name="resume")
+def resume(params: IncidentParams, bundle: str, incident: str, checkpoint: str, exclude: list[str]) -> dict[str, Any]:
+    scheduler = _scheduler(params, Path(bundle), incident)
+    return scheduler.resume(params.job_id, checkpoint, exclude=exclude).to_json()
+
+
+def _approved(params: IncidentParams, diagnosis: dict[str, Any], notifier: Any, logger: Any) -> tuple[bool, str]:
+    from prefect.flow_runs import pause_flow_run
+
+    primary = diagnosis.get("primary") or {}
+    if params.approval == "never":
+        return False, "policy: never isolate"
+    if params.approval == "auto-hardware" and primary.get("layer") == "hardware" \
+            and float(primary.get("confidence") or 0) >= 0.8:
+        return True, f"policy: auto-approved ({primary.get('cause')}, confidence {primary.get('confidence')})"
+    if notifier is not None:
+        notifier.stage("approval", "Waiting for approval to drain "
+                       f"{', '.join(diagnosis.get('culprit_nodes') or [])} and resume (see the flow run's resume page)")
+    logger.info("waiting up to %s s for approval", params.approval_timeout_s)
+    try:
+        answer = pause_flow_run(wait_for_input=Approval, timeout=params.approval_timeout_s)
+    except Exception as exc:  # a timeout: nobody answered; never act on silence
+        return False, f"no approval within {params.approval_timeout_s} s ({type(exc).__name__})"
+    who = f" by {answer.approver}" if answer.approver else ""
+    return bool(answer.approve), ("approved" if answer.approve else "declined") + who
+
+
+@flow(name="incident-response", log_prints=True)
+def incident_response(params: IncidentParams) -> dict[str, Any]:
+    """One incident, end to end. Returns what was found and done."""
+    from spikeops.notify import SlackNotifier
+
+    logger = get_run_logger()
+    incident, bundle = open_incident(params)
+    notifier = None if "notify" in params.skip else SlackNotifier(bundle, channel=params.slack_channel)
+    incident_doc = json.loads((Path(bundle) / "incident.json").read_text())
+    symptom = classify_symptom(bundle)
+    if notifier:
+        notifier.open(incident_doc, symptom=symptom["symptom"], spike_step=symptom["spike_step"])
+    outcome: dict[str, Any] = {"incident": incident, "bundle": bundle, "symptom": symptom, "actions": []}
+    stopped = False
+    if "protect" not in params.skip:
+        done = protect(params, bundle, incident, symptom["symptom"])
+        outcome["actions"] += done
+        stopped = any(a["action"] == "stop" and a["outcome"] in ("done", "nothing-to-do") for a in done)
+        if notifier and done:
+            notifier.stage("protect", "; ".join(f"{a['action']} {a['target']}: {a['outcome']}" for a in done))
+    if "collect" not in params.skip:
+        collected = collect_evidence(params.inventory, params.job_id, bundle,
+                                     incident_doc["job"]["nodes"] or None, replace=True,
+                                     artifact_key=f"collection-{incident.lower()}"[:100])
+        buckets = collected.buckets()
+        if notifier:
+            notifier.stage("collect", f"collected {len(buckets['ok'])}/{len(collected.nodes)} nodes"
+                           + "".join(f"; {k}: {len(v)}" for k, v in buckets.items() if v and k != "ok"))
+    diagnosis = diagnose_bundle(bundle)
+    if params.checkpoint_root and diagnosis.get("onset_step") is not None:
+        pick_checkpoint(params.checkpoint_root, int(diagnosis["onset_step"]), bundle=bundle)
+        diagnosis = diagnose_bundle(bundle)  # now with the verified resume point
+    outcome["diagnosis"] = {"primary": diagnosis.get("primary"), "culprit_nodes": diagnosis.get("culprit_nodes"),
+                            "resume_from": diagnosis.get("resume_from")}
+    create_table_artifact(key=f"findings-{incident.lower()}"[:100], table=[
+        {"cause": f["cause"], "layer": f["layer"], "confidence": f["confidence"],
+         "nodes": ",".join(f.get("nodes") or []), "summary": f.get("summary", "")[:200]}
+        for f in diagnosis.get("findings") or []] or [{"cause": "none"}])
+    if notifier:
+        notifier.diagnosis(diagnosis, incident_doc)
+    culprits = list(diagnosis.get("culprit_nodes") or [])
+    excluded: list[str] = []
+    if culprits and "isolate" not in params.skip:
+        approved, why = _approved(params, diagnosis, notifier, logger)
+        outcome["approval"] = why
+        if approved:
+            drained = isolate(params, bundle, incident, culprits, (diagnosis.get("primary") or {}).get("cause", "?"))
+            outcome["actions"] += drained
+            excluded = [a["target"] for a in drained if a["outcome"] in ("done", "nothing-to-do", "dry-run")]
+            if notifier:
+                notifier.stage("isolate", f"{why}; " + "; ".join(f"drain {a['target']}: {a['outcome']}" for a in drained))
+        elif notifier:
+            notifier.stage("isolate", f"not isolated: {why}")
+    resume_from = diagnosis.get("resume_from")
+    if excluded and not stopped and "resume" not in params.skip and resume_from:
+        # a convicted node was drained under a job that kept running (a single spike): it must
+        # move off that node, so stop it (signal first) before resuming elsewhere
+        done = protect.fn(params, bundle, incident, "instant_nan")
+        outcome["actions"] += done
+        stopped = any(a["action"] == "stop" and a["outcome"] in ("done", "nothing-to-do") for a in done)
+    if "resume" not in params.skip and stopped:
+        if resume_from and resume_from.get("path") and (not culprits or excluded):
+            done = resume(params, bundle, incident, resume_from["path"], excluded)
+            outcome["actions"].append(done)
+            outcome["resumed"] = done
+        else:
+            why = "no verified checkpoint before the onset" if not resume_from else "culprit nodes not isolated"
+            outcome["resumed"] = {"outcome": "not resumed", "detail": why}
+    from spikeops.notify import notify_bundle
+
+    summary = (f"resumed: {outcome['resumed'].get('detail')}" if outcome.get("resumed", {}).get("outcome") == "done"
+               else outcome.get("resumed", {}).get("detail") or ("kept running, observed" if not stopped else "stopped"))
+    if notifier:
+        notify_bundle(bundle, notifier=notifier, diagnosis=diagnosis, outcome=summary)
+    else:
+        from spikeops.notify.report import write_report
+
+        write_report(bundle, diagnosis, incident_doc)
+    report_artifact(bundle, key=f"report-{incident.lower()}"[:100])
+    outcome["summary"] = summary
+    return outcome

@@ -1,0 +1,153 @@
+"""The incident flow end to end on one machine: real sshd nodes answering from a simulated
+Xid incident, the local scheduler running a real job process, real checkpoints with
+manifests, the local Slack server, and a temporary Prefect server."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from spikeops.checkpoints import write_manifest
+from spikeops.schedulers import LocalScheduler
+from spikeops.sim import cluster as simcluster
+from spikeops.sim.slack import SlackServer
+
+TOKEN = "xoxb-flow-test-token-000000"
+
+
+def _checkpoints(root: Path, scenario: Path) -> None:
+    """Real checkpoint directories (with manifests) at the scenario's checkpoint steps."""
+    for entry in json.loads((scenario / "checkpoints.json").read_text()):
+        folder = root / f"global_step{entry['step']}"
+        (folder / "mp_rank_00").mkdir(parents=True)
+        (folder / "mp_rank_00" / "model_optim_rng.pt").write_bytes(b"w" * 4096 + str(entry["step"]).encode())
+        write_manifest(folder, step=entry["step"])
+
+
+@pytest.fixture(params=[("gpu_xid", 5)])
+def world(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    port = simcluster.free_port(("127.0.12.11",))
+    with simcluster.running(tmp_path / "cluster", nodes=6, port=port, first_address="127.0.12.11",
+                            scenario=request.param[0], seed=request.param[1]) as cluster, SlackServer(token=TOKEN) as slack:
+        monkeypatch.setenv("SLACK_BOT_TOKEN", TOKEN)
+        monkeypatch.setenv("SPIKEOPS_SLACK_API_URL", slack.api_url)
+        scheduler = LocalScheduler(tmp_path / "sched")
+        scheduler.add_nodes(cluster.nodes + ["spare-001"])
+        job = scheduler.submit([sys.executable, "-c", "import time; time.sleep(120)"], cluster.nodes)
+        time.sleep(0.3)
+        _checkpoints(tmp_path / "ckpt", cluster.scenario_bundle)
+        yield cluster, slack, scheduler, job, tmp_path
+
+
+def test_an_xid_incident_is_stopped_diagnosed_isolated_and_resumed(world, prefect_server: None) -> None:
+    from flows.incident_response import IncidentParams, incident_response
+
+    cluster, slack, scheduler, job, tmp_path = world
+    params = IncidentParams(
+        job_id=job, inventory=str(cluster.inventory), run_dir=str(cluster.scenario_bundle),
+        checkpoint_root=str(tmp_path / "ckpt"), incidents_dir=str(tmp_path / "incidents"),
+        incident_id="inc-flow-1", scheduler="local", scheduler_state_dir=str(tmp_path / "sched"),
+        approval="auto-hardware",
+    )
+    outcome = incident_response(params)
+    assert outcome["symptom"]["symptom"] == "instant_nan"
+    expected = json.loads((cluster.scenario_bundle / "diagnosis.expected.json").read_text()) \
+        if (cluster.scenario_bundle / "diagnosis.expected.json").exists() else None
+    culprits = outcome["diagnosis"]["culprit_nodes"]
+    assert outcome["diagnosis"]["primary"]["cause"] == "gpu_xid" and len(culprits) == 1
+    if expected:
+        assert culprits == expected["culprit_nodes"]
+    # stopped, then the culprit drained and nothing else
+    assert scheduler.show_job(job).state != "RUNNING"
+    assert [n.name for n in scheduler.drained()] == culprits
+    # resumed from the verified checkpoint, without the culprit
+    resumed = outcome["resumed"]
+    assert resumed["outcome"] == "done", resumed
+    new = scheduler.show_job(resumed["extra"]["new_job"])
+    assert culprits[0] not in new.nodes and new.env["SPIKEOPS_RESUME_FROM"] == outcome["diagnosis"]["resume_from"]["path"]
+    assert f"global_step{outcome['diagnosis']['resume_from']['step']}" in new.env["SPIKEOPS_RESUME_FROM"]
+    # one Slack thread with every stage and the summary edited in
+    parent = next(m for m in slack.messages if m.thread_ts is None)
+    texts = " | ".join(m.text for m in slack.thread(parent.ts))
+    for stage in ("stop", "collected", "Diagnosis", "drain", "auto-approved"):
+        assert stage in texts, (stage, texts)
+    assert parent.updated and "resumed" in parent.text or "gpu_xid" in parent.text
+    bundle = Path(outcome["bundle"])
+    assert (bundle / "report.md").is_file() and (bundle / "actions.jsonl").is_file()
+    # a rerun of the same incident stops, drains and resubmits nothing more
+    before = len(scheduler.jobs())
+    again = incident_response(params)
+    assert len(scheduler.jobs()) == before
+    assert {a["outcome"] for a in again["actions"]} <= {"nothing-to-do"}
+    scheduler.stop(resumed["extra"]["new_job"], grace=0.5)
+
+
+def _params(world, **overrides):
+    from flows.incident_response import IncidentParams
+
+    cluster, _, _, job, tmp_path = world
+    base = dict(job_id=job, inventory=str(cluster.inventory), run_dir=str(cluster.scenario_bundle),
+                checkpoint_root=str(tmp_path / "ckpt"), incidents_dir=str(tmp_path / "incidents"),
+                incident_id="inc-flow-2", scheduler="local", scheduler_state_dir=str(tmp_path / "sched"))
+    return IncidentParams(**{**base, **overrides})
+
+
+def test_isolation_waits_for_a_person_and_a_decline_changes_nothing(world, prefect_server: None) -> None:
+    """approval=always: the flow pauses with a typed input; a person declines through
+    resume_flow_run; no node is drained and the job is not resubmitted."""
+    import threading
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterState, FlowRunFilterStateType
+    from prefect.flow_runs import resume_flow_run
+
+    from flows.incident_response import incident_response
+
+    _, slack, scheduler, job, _ = world
+    result: dict = {}
+    runner = threading.Thread(target=lambda: result.update(incident_response(_params(world, approval_timeout_s=120))))
+    runner.start()
+    paused = None
+    deadline = time.monotonic() + 90
+    with get_client(sync_client=True) as client:
+        while paused is None and time.monotonic() < deadline:
+            runs = client.read_flow_runs(flow_run_filter=FlowRunFilter(state=FlowRunFilterState(
+                type=FlowRunFilterStateType(any_=["PAUSED"]))))
+            paused = runs[0] if runs else None
+            time.sleep(0.5)
+    assert paused is not None, "the flow never paused for approval"
+    assert any("Waiting for approval" in m.text for m in slack.messages)
+    resume_flow_run(paused.id, run_input={"approve": False, "approver": "alice", "note": "false positive?"})
+    runner.join(120)
+    assert result["approval"] == "declined by alice"
+    assert scheduler.drained() == []
+    assert result["resumed"]["outcome"] == "not resumed"
+    assert len(scheduler.jobs()) == 1
+
+
+@pytest.mark.parametrize("world", [("false_alarm", 5)], indirect=True)
+def test_a_false_alarm_changes_nothing(world, prefect_server: None) -> None:
+    from flows.incident_response import incident_response
+
+    _, _, scheduler, job, _ = world
+    outcome = incident_response(_params(world, incident_id="inc-flow-3"))
+    assert outcome["diagnosis"]["primary"]["cause"] == "false_alarm" and outcome["actions"] == []
+    assert scheduler.show_job(job).state == "RUNNING" and scheduler.drained() == []
+    scheduler.stop(job, grace=0.5)
+
+
+@pytest.mark.parametrize("world", [("overlong_sample", 0)], indirect=True)  # seed 0: a single spike
+def test_a_single_spike_from_data_keeps_the_job_running(world, prefect_server: None) -> None:
+    from flows.incident_response import incident_response
+
+    _, _, scheduler, job, _ = world
+    outcome = incident_response(_params(world, incident_id="inc-flow-4"))
+    assert outcome["diagnosis"]["primary"]["cause"] == "overlong_sample"
+    assert outcome["symptom"]["symptom"] == "single_spike"
+    assert scheduler.show_job(job).state == "RUNNING"  # the matrix: record and observe, do not stop
+    assert scheduler.drained() == [] and outcome["diagnosis"]["culprit_nodes"] == []
+    scheduler.stop(job, grace=0.5)
