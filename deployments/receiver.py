@@ -32,6 +32,9 @@ from typing import Any
 # in this module's globals, and an unresolved ``Request`` silently becomes a query parameter.
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
+from starlette.concurrency import run_in_threadpool
+
+from spikeops.errors import InputError
 
 __all__ = ["ReceiverConfig", "Alert", "parse_alerts", "idempotency_key", "create_app", "check_bind"]
 
@@ -190,7 +193,10 @@ def create_app(starter: Callable[[Alert, str], str | None], config: ReceiverConf
                 continue
             key = idempotency_key(alert)
             try:
-                run = starter(alert, key)
+                # the starter blocks (HTTP to the Prefect API): off the event loop
+                run = await run_in_threadpool(starter, alert, key)
+            except InputError as exc:  # the labels name no configured cluster, and the like
+                return JSONResponse({"error": f"cannot map the alert: {exc}"}, status_code=400)
             except Exception as exc:
                 return JSONResponse({"error": f"could not start the incident flow: {type(exc).__name__}"},
                                     status_code=503)

@@ -368,6 +368,28 @@ def _cmd_notify(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     return EXIT_OK
 
 
+def _cmd_serve(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    from spikeops.config import load_config
+
+    config = load_config(args.config)
+    if not config.clusters:
+        err.write("spikeops serve: no [clusters.NAME] configured (spikeops.toml or --config; docs/flow.md)\n")
+        return EXIT_USAGE
+    # The Prefect side lives outside the core (deployments/), imported only for this command.
+    from deployments.serve import serve
+
+    addr = args.addr or config.receiver_addr
+    out.write(f"serving the incident flow and the alert receiver on http://{addr}/alerts/... "
+              f"(clusters: {', '.join(config.clusters)})\n")
+    out.flush()
+    try:
+        serve(config, addr)
+    except ValueError as exc:
+        err.write(f"spikeops serve: {exc}\n")
+        return EXIT_USAGE
+    return EXIT_OK
+
+
 def _cmd_node_report(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from spikeops.probes.nvml import collect as read_nvml
 
@@ -553,6 +575,21 @@ def build_parser() -> argparse.ArgumentParser:
     notify.add_argument("--flow-run-url", help="link for the 'Open the flow run' button")
     notify.add_argument("--approval-url", help="link for the 'Review and approve' button")
     notify.set_defaults(handler=_cmd_notify)
+
+    served = commands.add_parser(
+        "serve",
+        help="serve the incident flow's deployment and the alert receiver",
+        description=(
+            "Serve the incident-response deployment (prefect serve) and the alert receiver "
+            "(POST /alerts/alertmanager, /alerts/grafana, /alerts/generic) in one process. "
+            "Alerts are mapped to flow parameters through spikeops.toml; each alert occurrence "
+            "starts one flow run. Set SPIKEOPS_RECEIVER_TOKEN or SPIKEOPS_RECEIVER_HMAC_KEY to "
+            "listen beyond loopback; PREFECT_API_URL names the Prefect server."
+        ),
+    )
+    served.add_argument("--config", help="spikeops.toml (default $SPIKEOPS_CONFIG or ./spikeops.toml)")
+    served.add_argument("--addr", help="receiver HOST:PORT (default [receiver] addr or 127.0.0.1:8787)")
+    served.set_defaults(handler=_cmd_serve)
 
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--scheduler", choices=("slurm", "local"), default="slurm",

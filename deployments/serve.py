@@ -1,0 +1,72 @@
+"""Serving the incident flow and the alert receiver (``spikeops serve``).
+
+``incident_deployment()`` is the flow as a served deployment, with a concurrency limit of one
+run at a time, so two incidents on one cluster never act on its scheduler at once.
+``prefect_starter`` is what the receiver calls for a firing alert:
+- it maps the alert's labels to the flow's parameters through ``spikeops.toml``;
+- it calls ``run_deployment`` with the alert's idempotency key (Prefect returns the existing
+  run for a key it has seen, so a storm of repeats starts one run);
+- it does not wait (``timeout=0``).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from spikeops.config import SpikeopsConfig
+
+__all__ = ["DEPLOYMENT_NAME", "incident_deployment", "prefect_starter", "prefect_emitter", "serve"]
+
+FLOW_NAME = "incident-response"
+DEPLOYMENT_NAME = f"{FLOW_NAME}/incident-response"
+
+
+def incident_deployment() -> Any:
+    from flows.incident_response import incident_response
+
+    return incident_response.to_deployment(name="incident-response", concurrency_limit=1,
+                                           description="One incident end to end (docs/flow.md)")
+
+
+def prefect_starter(config: SpikeopsConfig, deployment: str = DEPLOYMENT_NAME) -> Callable[[Any, str], str]:
+    from prefect.deployments import run_deployment
+
+    def start(alert: Any, key: str) -> str:
+        parameters = config.flow_parameters(alert.job, alert.cluster)
+        parameters["incident_id"] = key.replace("alert-", "inc-")
+        parameters["alert"] = {"source": alert.source, "received": alert.starts_at, "payload": {
+            "alertname": alert.name, "labels": alert.labels, "fingerprint": alert.fingerprint}}
+        run = run_deployment(deployment, parameters={"params": parameters}, idempotency_key=key, timeout=0)
+        return str(run.id)
+
+    return start
+
+
+def prefect_emitter() -> Callable[[Any], None]:
+    """Each alert as a Prefect event (``spikeops.alert.<status>``), for users' automations."""
+    from prefect.events import emit_event
+
+    def emit(alert: Any) -> None:
+        emit_event(event=f"spikeops.alert.{alert.status}",
+                   resource={"prefect.resource.id": f"spikeops.job.{alert.job}", "spikeops.cluster": alert.cluster or ""},
+                   payload={"alertname": alert.name, "fingerprint": alert.fingerprint})
+
+    return emit
+
+
+def serve(config: SpikeopsConfig, addr: str | None = None) -> None:
+    """The receiver (uvicorn, in a thread) and the flow's deployment (``prefect.serve``)."""
+    import uvicorn
+    from prefect import serve as prefect_serve
+
+    from deployments.receiver import ReceiverConfig, check_bind, create_app
+
+    host, _, port = (addr or config.receiver_addr).rpartition(":")
+    receiver = ReceiverConfig.from_env()
+    check_bind(host, receiver)
+    app = create_app(prefect_starter(config), receiver, emit=prefect_emitter())
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=int(port), log_level="warning"))
+    threading.Thread(target=server.run, name="spikeops-receiver", daemon=True).start()
+    prefect_serve(incident_deployment())
