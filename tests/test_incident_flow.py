@@ -114,12 +114,12 @@ def test_isolation_waits_for_a_person_and_a_decline_changes_nothing(world, prefe
     paused = None
     deadline = time.monotonic() + 90
     with get_client(sync_client=True) as client:
-        while paused is None and time.monotonic() < deadline:
+        while paused is None and time.monotonic() < deadline and runner.is_alive():
             runs = client.read_flow_runs(flow_run_filter=FlowRunFilter(state=FlowRunFilterState(
                 type=FlowRunFilterStateType(any_=["PAUSED"]))))
             paused = runs[0] if runs else None
             time.sleep(0.5)
-    assert paused is not None, "the flow never paused for approval"
+    assert paused is not None, f"the flow never paused for approval (it returned {result})"
     assert any("Waiting for approval" in m.text for m in slack.messages)
     resume_flow_run(paused.id, run_input={"approve": False, "approver": "alice", "note": "false positive?"})
     runner.join(120)
