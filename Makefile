@@ -44,6 +44,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/bench_collect.py
 	$(BIN)/python bench/bench_checkpoint.py
 	$(BIN)/python bench/bench_train_logger.py
+	$(BIN)/python bench/bench_incident.py
 
 example: $(STAMP)
 	$(BIN)/python examples/build_example.py

@@ -30,7 +30,8 @@ def incident_deployment() -> Any:
                                            description="One incident end to end (docs/flow.md)")
 
 
-def prefect_starter(config: SpikeopsConfig, deployment: str = DEPLOYMENT_NAME) -> Callable[[Any, str], str]:
+def prefect_starter(config: SpikeopsConfig, deployment: str = DEPLOYMENT_NAME, *,
+                    announce: bool = True) -> Callable[[Any, str], str]:
     from prefect.deployments import run_deployment
 
     def start(alert: Any, key: str) -> str:
@@ -39,9 +40,34 @@ def prefect_starter(config: SpikeopsConfig, deployment: str = DEPLOYMENT_NAME) -
         parameters["alert"] = {"source": alert.source, "received": alert.starts_at, "payload": {
             "alertname": alert.name, "labels": alert.labels, "fingerprint": alert.fingerprint}}
         run = run_deployment(deployment, parameters={"params": parameters}, idempotency_key=key, timeout=0)
+        if announce:
+            threading.Thread(target=open_thread, args=(parameters, alert, str(run.id)), daemon=True).start()
         return str(run.id)
 
     return start
+
+
+def open_thread(parameters: dict[str, Any], alert: Any, run_id: str) -> None:
+    """The Slack thread's opening message, posted by the receiver the moment the alert is
+    accepted (the flow run needs seconds to be picked up and started). It lands in the
+    incident's bundle (``slack.json``), where the flow finds the thread and continues it;
+    posted once per incident, however many repeats arrive."""
+    from pathlib import Path
+
+    from spikeops.notify import SlackNotifier
+
+    bundle = Path(parameters["incidents_dir"]).expanduser() / parameters["incident_id"]
+    bundle.mkdir(parents=True, exist_ok=True)
+    incident = {"incident_id": parameters["incident_id"], "job": {"id": alert.job},
+                "alert": {"source": alert.source, "received": alert.starts_at}}
+    SlackNotifier(bundle, channel=parameters.get("slack_channel")).open(
+        incident, symptom=None, links={"flow_run": f"{_ui_url()}/runs/flow-run/{run_id}"} if _ui_url() else None)
+
+
+def _ui_url() -> str | None:
+    import os
+
+    return os.environ.get("PREFECT_UI_URL") or None
 
 
 def prefect_emitter() -> Callable[[Any], None]:
@@ -58,6 +84,10 @@ def prefect_emitter() -> Callable[[Any], None]:
 
 def serve(config: SpikeopsConfig, addr: str | None = None) -> None:
     """The receiver (uvicorn, in a thread) and the flow's deployment (``prefect.serve``)."""
+    import os
+
+    # Pick up a new incident run within a second or two, not prefect's default 10 s.
+    os.environ.setdefault("PREFECT_RUNNER_POLL_FREQUENCY", "1")
     import uvicorn
     from prefect import serve as prefect_serve
 

@@ -109,8 +109,15 @@ class SlackNotifier:
             log.warning("slack %s failed: %s", method, text)
             return None, text.splitlines()[0][:300]
 
+    def _refresh(self) -> None:
+        """Another process (the receiver opening the thread) may have written the state."""
+        fresh = self._load_state()
+        if fresh:
+            self.state = fresh
+
     def _post(self, key: str, text: str, blocks: list[dict[str, Any]], *, threaded: bool = True) -> Delivery:
         with self._lock:
+            self._refresh()
             if self._done(key):
                 return Delivery(key, True, self.state["posted"][key], skipped=True)
             text = messages.redact(text)
@@ -176,6 +183,7 @@ class SlackNotifier:
         text, blocks = messages.summary(diagnosis, incident, outcome=outcome, links=links)
         text = messages.redact(text)
         with self._lock:
+            self._refresh()
             record = {"method": "chat.update", "key": "summary", "channel": self.state.get("channel"),
                       "ts": self.state.get("ts"), "text": text, "blocks": blocks}
             if not self.online or not self.state.get("ts"):

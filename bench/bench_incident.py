@@ -1,0 +1,114 @@
+"""Benchmark: from the alert's POST to the first Slack message, and to the diagnosis in Slack.
+
+Real servers, as in tests/test_e2e_serve.py: `prefect server start` (SQLite) and
+`spikeops serve` as processes, the local sshd cluster answering from a simulated Xid
+incident at 16 and 64 nodes, the local-process scheduler, and the local Slack-compatible
+server (in this process), which timestamps every message it receives. One alert is POSTed;
+the clock stops at the thread's first message and at its diagnosis reply.
+Targets (issue 9): first message under 5 s, diagnosis under 60 s at 64 nodes.
+Run by hand: `python bench/bench_incident.py [--nodes 16 64]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from spikeops.schedulers import LocalScheduler  # noqa: E402
+from spikeops.sim import cluster as simcluster  # noqa: E402
+from spikeops.sim.slack import SlackServer  # noqa: E402
+from tests.test_e2e_serve import BIN, _free, _post, _stop, _wait_http  # noqa: E402
+from tests.test_incident_flow import _checkpoints  # noqa: E402
+
+TOKEN = "xoxb-bench-token-000000000"
+
+
+def one(nodes: int, work: Path) -> dict[str, float]:
+    import subprocess
+
+    prefect_port, receiver_port = _free(), _free()
+    api = f"http://127.0.0.1:{prefect_port}/api"
+    with SlackServer(token=TOKEN) as slack:
+        env = dict(os.environ, PREFECT_HOME=str(work / "prefect-home"), PREFECT_API_URL=api,
+                   PREFECT_SERVER_ANALYTICS_ENABLED="false", PREFECT_UI_ENABLED="false",
+                   SPIKEOPS_RECEIVER_TOKEN="bench", SLACK_BOT_TOKEN=TOKEN, SPIKEOPS_SLACK_API_URL=slack.api_url)
+        logs = open(work / "servers.log", "wb")  # noqa: SIM115
+        server = subprocess.Popen([str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port",
+                                   str(prefect_port)], env=env, stdout=logs, stderr=subprocess.STDOUT,
+                                  start_new_session=True)
+        serving = None
+        shm = Path("/dev/shm") if Path("/dev/shm").is_dir() else work
+        cluster_dir = Path(tempfile.mkdtemp(prefix="spikeops-bench-inc-", dir=shm))
+        try:
+            port = simcluster.free_port(("127.0.18.11",))
+            with simcluster.running(cluster_dir / "c", nodes=nodes, port=port, first_address="127.0.18.11",
+                                    scenario="gpu_xid", seed=5) as cluster:
+                scheduler = LocalScheduler(work / "sched")
+                scheduler.add_nodes(cluster.nodes + ["spare-001"])
+                job = scheduler.submit([sys.executable, "-c", "import time; time.sleep(600)"], cluster.nodes)
+                _checkpoints(work / "ckpt", cluster.scenario_bundle)
+                (work / "spikeops.toml").write_text(
+                    f'[incidents]\ndir = "{work}/incidents"\n'
+                    f'[clusters.sim]\ninventory = "{cluster.inventory}"\nrun_dir = "{cluster.scenario_bundle}"\n'
+                    f'checkpoint_root = "{work}/ckpt"\nscheduler = "local"\nscheduler_state_dir = "{work}/sched"\n'
+                    f'approval = "auto-hardware"\nslack_channel = "#incidents"\n')
+                _wait_http(f"{api}/health", 90, server)
+                serving = subprocess.Popen([str(BIN / "spikeops"), "serve", "--config", str(work / "spikeops.toml"),
+                                            "--addr", f"127.0.0.1:{receiver_port}"], env=env, stdout=logs,
+                                           stderr=subprocess.STDOUT, start_new_session=True)
+                _wait_http(f"http://127.0.0.1:{receiver_port}/healthz", 60, serving)
+                time.sleep(2)  # let `prefect serve` register and start polling
+                alert = {"alerts": [{"status": "firing", "startsAt": "2026-11-29T18:03:12Z", "fingerprint": "b1",
+                                     "labels": {"alertname": "TrainingLossNaN", "job_id": job, "cluster": "sim"}}]}
+                t0 = time.monotonic()
+                status, _ = _post(f"http://127.0.0.1:{receiver_port}/alerts/alertmanager", json.dumps(alert).encode(),
+                                  "bench")
+                accepted = time.monotonic() - t0
+                first = diagnosis = None
+                deadline = t0 + 300
+                while time.monotonic() < deadline and diagnosis is None:
+                    if first is None and slack.messages:
+                        first = time.monotonic() - t0
+                    if any(m.text.startswith("Diagnosis") for m in slack.messages):
+                        diagnosis = time.monotonic() - t0
+                    time.sleep(0.05)
+                for other in scheduler.jobs():
+                    if other.state == "RUNNING":
+                        scheduler.stop(other.job_id, grace=0.5)
+                parents = len({m.ts for m in slack.messages if m.thread_ts is None})
+                return {"nodes": nodes, "accepted": accepted, "first_message": first, "diagnosis": diagnosis,
+                        "status": status, "threads": parents}
+        finally:
+            if serving is not None:
+                _stop(serving)
+            _stop(server)
+            logs.close()
+            import shutil
+
+            shutil.rmtree(cluster_dir, ignore_errors=True)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", type=int, nargs="+", default=[16, 64])
+    args = parser.parse_args()
+    print("| nodes | alert accepted (s) | first Slack message (s) | diagnosis in Slack (s) | threads |")
+    print("| ---: | ---: | ---: | ---: | ---: |")
+    for nodes in args.nodes:
+        with tempfile.TemporaryDirectory(prefix="spikeops-bench-incident-") as tmp:
+            row = one(nodes, Path(tmp))
+        fmt = lambda v: f"{v:.2f}" if isinstance(v, float) else "—"  # noqa: E731
+        print(f"| {nodes} | {fmt(row['accepted'])} | {fmt(row['first_message'])} | {fmt(row['diagnosis'])} | "
+              f"{row['threads']} |", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
