@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from prefect import flow, get_run_logger, task
+from prefect.transactions import get_transaction, transaction
 from prefect.artifacts import create_table_artifact
 from prefect.input import RunInput
 from pydantic import BaseModel, Field, field_validator
@@ -165,7 +166,28 @@ def diagnose_bundle(bundle: str) -> dict[str, Any]:
 @task(name="isolate")
 def isolate(params: IncidentParams, bundle: str, incident: str, nodes: list[str], cause: str) -> list[dict[str, Any]]:
     scheduler = _scheduler(params, Path(bundle), incident)
-    return [r.to_json() for r in scheduler.drain(nodes, cause, incident)]
+    done = [r.to_json() for r in scheduler.drain(nodes, cause, incident)]
+    current = get_transaction()
+    if current is not None:  # what the rollback must undo: only what this run drained
+        current.set("isolated", {"params": params.model_dump(), "bundle": bundle, "incident": incident,
+                                 "nodes": [d["target"] for d in done if d["outcome"] == "done"]})
+    return done
+
+
+@isolate.on_rollback
+def _release_isolated(transaction: Any) -> None:
+    """A later step failed (the job could not be resumed elsewhere): give the nodes back, so a
+    failed incident never leaves the cluster smaller than it found it."""
+    record = transaction.get("isolated", None)
+    if not record or not record["nodes"]:
+        return
+    params = IncidentParams(**record["params"])
+    scheduler = _scheduler(params, Path(record["bundle"]), record["incident"])
+    scheduler.release(record["nodes"])
+
+
+class ResumeFailed(RuntimeError):
+    """Raised inside the isolation transaction to roll it back."""
 
 
 @task(name="resume")
@@ -236,33 +258,48 @@ def incident_response(params: IncidentParams) -> dict[str, Any]:
     if notifier:
         notifier.diagnosis(diagnosis, incident_doc)
     culprits = list(diagnosis.get("culprit_nodes") or [])
-    excluded: list[str] = []
+    resume_from = diagnosis.get("resume_from")
+    approved, why = (False, "")
     if culprits and "isolate" not in params.skip:
         approved, why = _approved(params, diagnosis, notifier, logger)
         outcome["approval"] = why
-        if approved:
-            drained = isolate(params, bundle, incident, culprits, (diagnosis.get("primary") or {}).get("cause", "?"))
-            outcome["actions"] += drained
-            excluded = [a["target"] for a in drained if a["outcome"] in ("done", "nothing-to-do", "dry-run")]
-            if notifier:
-                notifier.stage("isolate", f"{why}; " + "; ".join(f"drain {a['target']}: {a['outcome']}" for a in drained))
-        elif notifier:
+        if not approved and notifier:
             notifier.stage("isolate", f"not isolated: {why}")
-    resume_from = diagnosis.get("resume_from")
-    if excluded and not stopped and "resume" not in params.skip and resume_from:
-        # a convicted node was drained under a job that kept running (a single spike): it must
-        # move off that node, so stop it (signal first) before resuming elsewhere
-        done = protect.fn(params, bundle, incident, "instant_nan")
-        outcome["actions"] += done
-        stopped = any(a["action"] == "stop" and a["outcome"] in ("done", "nothing-to-do") for a in done)
-    if "resume" not in params.skip and stopped:
-        if resume_from and resume_from.get("path") and (not culprits or excluded):
-            done = resume(params, bundle, incident, resume_from["path"], excluded)
-            outcome["actions"].append(done)
-            outcome["resumed"] = done
-        else:
-            why = "no verified checkpoint before the onset" if not resume_from else "culprit nodes not isolated"
-            outcome["resumed"] = {"outcome": "not resumed", "detail": why}
+    try:
+        # Isolation and the resume that depends on it succeed or fail together: if the job
+        # cannot be resumed without the drained nodes, the drain is rolled back.
+        with transaction():
+            excluded: list[str] = []
+            if approved:
+                drained = isolate(params, bundle, incident, culprits,
+                                  (diagnosis.get("primary") or {}).get("cause", "?"))
+                outcome["actions"] += drained
+                excluded = [a["target"] for a in drained if a["outcome"] in ("done", "nothing-to-do", "dry-run")]
+                if notifier:
+                    notifier.stage("isolate", f"{why}; " + "; ".join(
+                        f"drain {a['target']}: {a['outcome']}" for a in drained))
+            if excluded and not stopped and "resume" not in params.skip and resume_from:
+                # a convicted node was drained under a job that kept running (a single spike):
+                # it must move off that node, so stop it (signal first) before resuming elsewhere
+                done = protect.fn(params, bundle, incident, "instant_nan")
+                outcome["actions"] += done
+                stopped = any(a["action"] == "stop" and a["outcome"] in ("done", "nothing-to-do") for a in done)
+            if "resume" not in params.skip and stopped:
+                if resume_from and resume_from.get("path") and (not culprits or excluded):
+                    done = resume(params, bundle, incident, resume_from["path"], excluded)
+                    outcome["actions"].append(done)
+                    outcome["resumed"] = done
+                    if done["outcome"] in ("failed", "refused") and excluded:
+                        raise ResumeFailed(done["detail"])
+                else:
+                    why_not = ("no verified checkpoint before the onset" if not resume_from
+                               else "culprit nodes not isolated")
+                    outcome["resumed"] = {"outcome": "not resumed", "detail": why_not}
+    except ResumeFailed as exc:
+        outcome["rolled_back"] = f"resume failed ({exc}); the drained nodes were released"
+        outcome["resumed"] = {"outcome": "not resumed", "detail": outcome["rolled_back"]}
+        if notifier:
+            notifier.stage("rollback", outcome["rolled_back"])
     from spikeops.notify import notify_bundle
 
     summary = (f"resumed: {outcome['resumed'].get('detail')}" if outcome.get("resumed", {}).get("outcome") == "done"

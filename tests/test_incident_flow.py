@@ -151,3 +151,18 @@ def test_a_single_spike_from_data_keeps_the_job_running(world, prefect_server: N
     assert scheduler.show_job(job).state == "RUNNING"  # the matrix: record and observe, do not stop
     assert scheduler.drained() == [] and outcome["diagnosis"]["culprit_nodes"] == []
     scheduler.stop(job, grace=0.5)
+
+
+def test_a_resume_that_cannot_happen_rolls_the_isolation_back(world, prefect_server: None) -> None:
+    """The spare node is down (someone else's RMA): the job cannot run without the culprit,
+    so the transaction rolls back and the culprit is released, not left drained for nothing."""
+    from flows.incident_response import incident_response
+
+    _, slack, scheduler, job, _ = world
+    scheduler.set_node("spare-001", "DOWN", "RMA 1234", "bob")
+    outcome = incident_response(_params(world, incident_id="inc-flow-5", approval="auto-hardware"))
+    assert [a["outcome"] for a in outcome["actions"] if a["action"] == "drain"] == ["done"]
+    assert outcome["resumed"]["outcome"] == "not resumed" and "released" in outcome["rolled_back"]
+    assert scheduler.drained() == []  # rolled back
+    assert scheduler.nodes()["spare-001"].reason == "RMA 1234"  # someone else's node untouched
+    assert any("released" in m.text for m in slack.messages)
