@@ -65,6 +65,8 @@ class IncidentParams(BaseModel):
         "always", description="always ask a person; auto-approve hardware faults at >= 0.8; never isolate")
     approval_timeout_s: int = Field(3600, ge=1, le=7 * 86400)
     slack_channel: str | None = None
+    observe_steps: int = Field(50, ge=0, le=10_000, description="after a single spike: steps to watch before deciding")
+    observe_timeout_s: int = Field(600, ge=0, le=86_400, description="... and the most seconds to wait for them")
     alert: dict[str, Any] = Field(default_factory=dict)
 
     @field_validator("job_id")
@@ -138,6 +140,47 @@ def classify_symptom(bundle: str) -> dict[str, Any]:
 
     result = classify_bundle(bundle)
     return {"symptom": result.symptom, "spike_step": result.spike_step}
+
+
+@task(name="observe")
+def observe(params: IncidentParams, bundle: str, spike_step: int | None) -> dict[str, Any]:
+    """After a single spike the job keeps training: watch up to ``observe_steps`` more steps
+    (at most ``observe_timeout_s``), refresh the bundle's metrics, and classify again. A spike
+    that did not recover is then treated as one."""
+    import time
+
+    metrics = Path(params.run_dir) / "metrics.jsonl"
+    target = (spike_step or 0) + params.observe_steps
+    deadline = time.monotonic() + params.observe_timeout_s
+    last = None
+    while time.monotonic() < deadline:
+        last = _last_step(metrics)
+        if last is not None and last >= target:
+            break
+        time.sleep(min(5.0, max(0.1, deadline - time.monotonic())))
+    if metrics.is_file():
+        shutil.copy2(metrics, Path(bundle) / "metrics.jsonl")
+    again = classify_symptom.fn(bundle)
+    again["observed_until"] = _last_step(metrics)
+    return again
+
+
+def _last_step(path: Path) -> int | None:
+    """The last logged step, read from the file's end (it may be large)."""
+    try:
+        with path.open("rb") as handle:
+            handle.seek(0, 2)
+            size = handle.tell()
+            handle.seek(max(0, size - 65536))
+            lines = handle.read().splitlines()
+    except OSError:
+        return None
+    for line in reversed(lines):
+        try:
+            return int(json.loads(line)["step"])
+        except (ValueError, KeyError, TypeError):
+            continue
+    return None
 
 
 @task(name="protect")
@@ -231,6 +274,13 @@ def incident_response(params: IncidentParams) -> dict[str, Any]:
         notifier.open(incident_doc, symptom=symptom["symptom"], spike_step=symptom["spike_step"])
     outcome: dict[str, Any] = {"incident": incident, "bundle": bundle, "symptom": symptom, "actions": []}
     stopped = False
+    if "protect" not in params.skip and symptom["symptom"] == "single_spike" and params.observe_steps:
+        watched = observe(params, bundle, symptom["spike_step"])
+        outcome["observed"] = watched
+        if notifier:
+            notifier.stage("observe", f"single spike at step {symptom['spike_step']}: watched until step "
+                           f"{watched.get('observed_until')}, now {watched['symptom']}")
+        symptom = {**symptom, "symptom": watched["symptom"] or symptom["symptom"]}
     if "protect" not in params.skip:
         done = protect(params, bundle, incident, symptom["symptom"])
         outcome["actions"] += done

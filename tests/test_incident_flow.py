@@ -51,7 +51,7 @@ def test_an_xid_incident_is_stopped_diagnosed_isolated_and_resumed(world, prefec
         job_id=job, inventory=str(cluster.inventory), run_dir=str(cluster.scenario_bundle),
         checkpoint_root=str(tmp_path / "ckpt"), incidents_dir=str(tmp_path / "incidents"),
         incident_id="inc-flow-1", scheduler="local", scheduler_state_dir=str(tmp_path / "sched"),
-        approval="auto-hardware",
+        approval="auto-hardware", observe_timeout_s=1,
     )
     outcome = incident_response(params)
     assert outcome["symptom"]["symptom"] == "instant_nan"
@@ -92,7 +92,8 @@ def _params(world, **overrides):
     cluster, _, _, job, tmp_path = world
     base = dict(job_id=job, inventory=str(cluster.inventory), run_dir=str(cluster.scenario_bundle),
                 checkpoint_root=str(tmp_path / "ckpt"), incidents_dir=str(tmp_path / "incidents"),
-                incident_id="inc-flow-2", scheduler="local", scheduler_state_dir=str(tmp_path / "sched"))
+                incident_id="inc-flow-2", scheduler="local", scheduler_state_dir=str(tmp_path / "sched"),
+                observe_timeout_s=1)
     return IncidentParams(**{**base, **overrides})
 
 
@@ -149,6 +150,7 @@ def test_a_single_spike_from_data_keeps_the_job_running(world, prefect_server: N
     assert outcome["diagnosis"]["primary"]["cause"] == "overlong_sample"
     assert outcome["symptom"]["symptom"] == "single_spike"
     assert scheduler.show_job(job).state == "RUNNING"  # the matrix: record and observe, do not stop
+    assert outcome["observed"]["symptom"] == "single_spike"  # watched (bounded), still a single spike
     assert scheduler.drained() == [] and outcome["diagnosis"]["culprit_nodes"] == []
     scheduler.stop(job, grace=0.5)
 
