@@ -58,7 +58,7 @@ def one(nodes: int, work: Path) -> dict[str, float]:
                     f'[incidents]\ndir = "{work}/incidents"\n'
                     f'[clusters.sim]\ninventory = "{cluster.inventory}"\nrun_dir = "{cluster.scenario_bundle}"\n'
                     f'checkpoint_root = "{work}/ckpt"\nscheduler = "local"\nscheduler_state_dir = "{work}/sched"\n'
-                    f'approval = "auto-hardware"\nslack_channel = "#incidents"\n')
+                    f'approval = "auto-hardware"\nobserve_timeout_s = 2\nslack_channel = "#incidents"\n')
                 _wait_http(f"{api}/health", 90, server)
                 serving = subprocess.Popen([str(BIN / "spikeops"), "serve", "--config", str(work / "spikeops.toml"),
                                             "--addr", f"127.0.0.1:{receiver_port}"], env=env, stdout=logs,

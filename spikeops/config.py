@@ -19,6 +19,8 @@ run_dir = "/shared/runs/{job}"      # where the job's spikeops.train files are
 checkpoint_root = "/ckpt/{job}"
 slack_channel = "#incidents"
 approval = "always"                 # always | auto-hardware | never
+observe_steps = 50                  # after a single spike, steps to watch before deciding
+observe_timeout_s = 600             # ... and the most seconds to wait for them
 ```
 """
 
@@ -49,6 +51,8 @@ class ClusterConfig:
     checkpoint_root: str | None = None
     slack_channel: str | None = None
     approval: str = "always"
+    observe_steps: int | None = None
+    observe_timeout_s: int | None = None
 
 
 @dataclass(frozen=True)
@@ -76,6 +80,7 @@ class SpikeopsConfig:
             "checkpoint_root": fill(chosen.checkpoint_root), "incidents_dir": self.incidents_dir,
             "scheduler": chosen.scheduler, "scheduler_state_dir": chosen.scheduler_state_dir,
             "slack_channel": chosen.slack_channel, "approval": chosen.approval,
+            "observe_steps": chosen.observe_steps, "observe_timeout_s": chosen.observe_timeout_s,
         }
         return {k: v for k, v in params.items() if v is not None}
 

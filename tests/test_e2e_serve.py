@@ -91,7 +91,7 @@ def test_alert_to_a_completed_incident_with_real_servers(tmp_path: Path) -> None
                 f'[incidents]\ndir = "{tmp_path}/incidents"\n'
                 f'[clusters.sim]\ninventory = "{cluster.inventory}"\nrun_dir = "{cluster.scenario_bundle}"\n'
                 f'checkpoint_root = "{tmp_path}/ckpt"\nscheduler = "local"\n'
-                f'scheduler_state_dir = "{tmp_path}/sched"\napproval = "auto-hardware"\n')
+                f'scheduler_state_dir = "{tmp_path}/sched"\napproval = "auto-hardware"\nobserve_timeout_s = 2\n')
             _wait_http(f"{api}/health", 90, server)
             serving = subprocess.Popen([str(BIN / "spikeops"), "serve", "--config", str(tmp_path / "spikeops.toml"),
                                         "--addr", f"127.0.0.1:{receiver_port}"], env=env, stdout=logs,
