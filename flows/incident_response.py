@@ -260,7 +260,26 @@ def _approved(params: IncidentParams, diagnosis: dict[str, Any], notifier: Any, 
     return bool(answer.approve), ("approved" if answer.approve else "declined") + who
 
 
-@flow(name="incident-response", log_prints=True)
+def _tell_failure(flow: Any, flow_run: Any, state: Any) -> None:
+    """on_failure / on_crashed: a broken flow is never silent. Posts into the incident's
+    thread (the bundle's slack.json) when the incident is known, else a new message."""
+    from spikeops.notify import SlackNotifier
+
+    raw = (flow_run.parameters or {}).get("params") or {}
+    incidents = Path(str(raw.get("incidents_dir") or "~/.local/state/spikeops/incidents")).expanduser()
+    incident = raw.get("incident_id") or f"failed-{flow_run.id}"
+    bundle = incidents / incident
+    try:
+        bundle.mkdir(parents=True, exist_ok=True)
+        message = str(getattr(state, "message", "") or state.name)[:500]
+        SlackNotifier(bundle, channel=raw.get("slack_channel")).stage(
+            f"failed-{flow_run.id}", f"incident flow {state.name.lower()} for job {raw.get('job_id')}: {message}. "
+            "Nothing further will happen automatically; see the flow run.")
+    except Exception:  # the hook must not fail the failure
+        pass
+
+
+@flow(name="incident-response", log_prints=True, on_failure=[_tell_failure], on_crashed=[_tell_failure])
 def incident_response(params: IncidentParams) -> dict[str, Any]:
     """One incident, end to end. Returns what was found and done."""
     from spikeops.notify import SlackNotifier

@@ -168,3 +168,15 @@ def test_a_resume_that_cannot_happen_rolls_the_isolation_back(world, prefect_ser
     assert scheduler.drained() == []  # rolled back
     assert scheduler.nodes()["spare-001"].reason == "RMA 1234"  # someone else's node untouched
     assert any("released" in m.text for m in slack.messages)
+
+
+def test_a_broken_flow_says_so_in_the_thread(world, prefect_server: None, tmp_path: Path) -> None:
+    from flows.incident_response import incident_response
+
+    _, slack, scheduler, job, _ = world
+    with pytest.raises(Exception, match="no such inventory"):
+        incident_response(_params(world, incident_id="inc-flow-6", inventory=str(tmp_path / "missing.toml")))
+    parent = next(m for m in slack.messages if m.thread_ts is None)
+    failure = [m for m in slack.thread(parent.ts) if "incident flow failed" in m.text]
+    assert failure and "no such inventory" in failure[0].text
+    scheduler.stop(job, grace=0.5)
