@@ -21,11 +21,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from spikeops.schedulers import LocalScheduler  # noqa: E402
-from spikeops.sim import cluster as simcluster  # noqa: E402
 from spikeops.sim.slack import SlackServer  # noqa: E402
-from tests.test_e2e_serve import BIN, _free, _post, _stop, _wait_http  # noqa: E402
-from tests.test_incident_flow import _checkpoints  # noqa: E402
+from tests.test_e2e_serve import BIN, _free, _post, _stop, _wait_http, local_incident  # noqa: E402
 
 TOKEN = "xoxb-bench-token-000000000"
 
@@ -47,20 +44,10 @@ def one(nodes: int, work: Path) -> dict[str, float]:
         shm = Path("/dev/shm") if Path("/dev/shm").is_dir() else work
         cluster_dir = Path(tempfile.mkdtemp(prefix="spikeops-bench-inc-", dir=shm))
         try:
-            port = simcluster.free_port(("127.0.18.11",))
-            with simcluster.running(cluster_dir / "c", nodes=nodes, port=port, first_address="127.0.18.11",
-                                    scenario="gpu_xid", seed=5) as cluster:
-                scheduler = LocalScheduler(work / "sched")
-                scheduler.add_nodes(cluster.nodes + ["spare-001"])
-                job = scheduler.submit([sys.executable, "-c", "import time; time.sleep(600)"], cluster.nodes)
-                _checkpoints(work / "ckpt", cluster.scenario_bundle)
-                (work / "spikeops.toml").write_text(
-                    f'[incidents]\ndir = "{work}/incidents"\n'
-                    f'[clusters.sim]\ninventory = "{cluster.inventory}"\nrun_dir = "{cluster.scenario_bundle}"\n'
-                    f'checkpoint_root = "{work}/ckpt"\nscheduler = "local"\nscheduler_state_dir = "{work}/sched"\n'
-                    f'approval = "auto-hardware"\nobserve_timeout_s = 2\nslack_channel = "#incidents"\n')
+            with local_incident(work, cluster_dir / "c", nodes=nodes, first_address="127.0.18.11",
+                                extra_config='slack_channel = "#incidents"\n') as (cluster, scheduler, job, config):
                 _wait_http(f"{api}/health", 90, server)
-                serving = subprocess.Popen([str(BIN / "spikeops"), "serve", "--config", str(work / "spikeops.toml"),
+                serving = subprocess.Popen([str(BIN / "spikeops"), "serve", "--config", str(config),
                                             "--addr", f"127.0.0.1:{receiver_port}"], env=env, stdout=logs,
                                            stderr=subprocess.STDOUT, start_new_session=True)
                 _wait_http(f"http://127.0.0.1:{receiver_port}/healthz", 60, serving)
@@ -79,9 +66,6 @@ def one(nodes: int, work: Path) -> dict[str, float]:
                     if any(m.text.startswith("Diagnosis") for m in slack.messages):
                         diagnosis = time.monotonic() - t0
                     time.sleep(0.05)
-                for other in scheduler.jobs():
-                    if other.state == "RUNNING":
-                        scheduler.stop(other.job_id, grace=0.5)
                 parents = len({m.ts for m in slack.messages if m.thread_ts is None})
                 return {"nodes": nodes, "accepted": accepted, "first_message": first, "diagnosis": diagnosis,
                         "status": status, "threads": parents}

@@ -183,17 +183,20 @@ def _last_step(path: Path) -> int | None:
     return None
 
 
-@task(name="protect")
-def protect(params: IncidentParams, bundle: str, incident: str, symptom: str | None) -> list[dict[str, Any]]:
-    """Stop at once (signal first, so the job can save) and preserve, for NaN and no
-    recovery; for a single spike keep training and record."""
+@task(name="stop-job")
+def stop_job(params: IncidentParams, bundle: str, incident: str) -> list[dict[str, Any]]:
+    """Preserve the job's record (where the scheduler can), then stop it, signalling first
+    so the job can save."""
     scheduler = _scheduler(params, Path(bundle), incident)
     done = []
-    if symptom in STOP_AT_ONCE:
-        if hasattr(scheduler, "preserve"):
-            done.append(scheduler.preserve(params.job_id, bundle).to_json())
-        done.append(scheduler.stop(params.job_id, signal="USR1", grace=10).to_json())
+    if hasattr(scheduler, "preserve"):
+        done.append(scheduler.preserve(params.job_id, bundle).to_json())
+    done.append(scheduler.stop(params.job_id, signal="USR1", grace=10).to_json())
     return done
+
+
+def _stopped(actions: list[dict[str, Any]]) -> bool:
+    return any(a["action"] == "stop" and a["outcome"] in ("done", "nothing-to-do") for a in actions)
 
 
 @task(name="diagnose")
@@ -300,10 +303,11 @@ def incident_response(params: IncidentParams) -> dict[str, Any]:
             notifier.stage("observe", f"single spike at step {symptom['spike_step']}: watched until step "
                            f"{watched.get('observed_until')}, now {watched['symptom']}")
         symptom = {**symptom, "symptom": watched["symptom"] or symptom["symptom"]}
-    if "protect" not in params.skip:
-        done = protect(params, bundle, incident, symptom["symptom"])
+    if "protect" not in params.skip and symptom["symptom"] in STOP_AT_ONCE:
+        # the seed's matrix: stop at once for NaN and no recovery; a single spike keeps training
+        done = stop_job(params, bundle, incident)
         outcome["actions"] += done
-        stopped = any(a["action"] == "stop" and a["outcome"] in ("done", "nothing-to-do") for a in done)
+        stopped = _stopped(done)
         if notifier and done:
             notifier.stage("protect", "; ".join(f"{a['action']} {a['target']}: {a['outcome']}" for a in done))
     if "collect" not in params.skip:
@@ -350,9 +354,9 @@ def incident_response(params: IncidentParams) -> dict[str, Any]:
             if excluded and not stopped and "resume" not in params.skip and resume_from:
                 # a convicted node was drained under a job that kept running (a single spike):
                 # it must move off that node, so stop it (signal first) before resuming elsewhere
-                done = protect.fn(params, bundle, incident, "instant_nan")
+                done = stop_job(params, bundle, incident)
                 outcome["actions"] += done
-                stopped = any(a["action"] == "stop" and a["outcome"] in ("done", "nothing-to-do") for a in done)
+                stopped = _stopped(done)
             if "resume" not in params.skip and stopped:
                 if resume_from and resume_from.get("path") and (not culprits or excluded):
                     done = resume(params, bundle, incident, resume_from["path"], excluded)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import sys
 import traceback
 from collections.abc import Sequence
@@ -292,16 +293,10 @@ def _report_actions(results: list[Any], out: TextIO, as_json: bool) -> int:
             if result.outcome == "dry-run":
                 for command in result.commands:
                     if not command.ran:
-                        out.write("  would run: " + " ".join(shlex_quote(a) for a in command.argv) + "\n")
+                        out.write("  would run: " + shlex.join(command.argv) + "\n")
     if any(r.outcome == "failed" for r in results):
         return EXIT_USAGE
     return EXIT_REFUSED if any(r.outcome == "refused" for r in results) else EXIT_OK
-
-
-def shlex_quote(word: str) -> str:
-    import shlex
-
-    return shlex.quote(word)
 
 
 def _cmd_nodes(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:

@@ -13,6 +13,8 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -67,6 +69,33 @@ def _stop(process: subprocess.Popen) -> None:
             process.wait(5)
 
 
+@contextmanager
+def local_incident(work: Path, cluster_dir: Path, *, nodes: int, first_address: str,
+                   extra_config: str = "") -> Iterator[tuple[simcluster.Cluster, LocalScheduler, str, Path]]:
+    """A simulated Xid incident ready to be served: sshd nodes, a local scheduler running the
+    job on them (plus one spare), checkpoints with manifests, and the spikeops.toml mapping
+    cluster "sim" to it all. Yields (cluster, scheduler, job id, config path)."""
+    port = simcluster.free_port((first_address,))
+    with simcluster.running(cluster_dir, nodes=nodes, port=port, first_address=first_address,
+                            scenario="gpu_xid", seed=5) as cluster:
+        scheduler = LocalScheduler(work / "sched")
+        scheduler.add_nodes(cluster.nodes + ["spare-001"])
+        job = scheduler.submit([sys.executable, "-c", "import time; time.sleep(600)"], cluster.nodes)
+        _checkpoints(work / "ckpt", cluster.scenario_bundle)
+        config = work / "spikeops.toml"
+        config.write_text(
+            f'[incidents]\ndir = "{work}/incidents"\n'
+            f'[clusters.sim]\ninventory = "{cluster.inventory}"\nrun_dir = "{cluster.scenario_bundle}"\n'
+            f'checkpoint_root = "{work}/ckpt"\nscheduler = "local"\nscheduler_state_dir = "{work}/sched"\n'
+            f'approval = "auto-hardware"\nobserve_timeout_s = 2\n{extra_config}')
+        try:
+            yield cluster, scheduler, job, config
+        finally:
+            for other in scheduler.jobs():
+                if other.state == "RUNNING":
+                    scheduler.stop(other.job_id, grace=0.5)
+
+
 def test_alert_to_a_completed_incident_with_real_servers(tmp_path: Path) -> None:
     prefect_port, receiver_port = _free(), _free()
     api = f"http://127.0.0.1:{prefect_port}/api"
@@ -79,21 +108,11 @@ def test_alert_to_a_completed_incident_with_real_servers(tmp_path: Path) -> None
                                str(prefect_port)], env=env, stdout=logs, stderr=subprocess.STDOUT,
                               start_new_session=True)
     serving = None
-    port = simcluster.free_port(("127.0.14.11",))
     try:
-        with simcluster.running(tmp_path / "cluster", nodes=5, port=port, first_address="127.0.14.11",
-                                scenario="gpu_xid", seed=5) as cluster:
-            scheduler = LocalScheduler(tmp_path / "sched")
-            scheduler.add_nodes(cluster.nodes + ["spare-001"])
-            job = scheduler.submit([sys.executable, "-c", "import time; time.sleep(300)"], cluster.nodes)
-            _checkpoints(tmp_path / "ckpt", cluster.scenario_bundle)
-            (tmp_path / "spikeops.toml").write_text(
-                f'[incidents]\ndir = "{tmp_path}/incidents"\n'
-                f'[clusters.sim]\ninventory = "{cluster.inventory}"\nrun_dir = "{cluster.scenario_bundle}"\n'
-                f'checkpoint_root = "{tmp_path}/ckpt"\nscheduler = "local"\n'
-                f'scheduler_state_dir = "{tmp_path}/sched"\napproval = "auto-hardware"\nobserve_timeout_s = 2\n')
+        with local_incident(tmp_path, tmp_path / "cluster", nodes=5, first_address="127.0.14.11") as (
+                cluster, scheduler, job, config):
             _wait_http(f"{api}/health", 90, server)
-            serving = subprocess.Popen([str(BIN / "spikeops"), "serve", "--config", str(tmp_path / "spikeops.toml"),
+            serving = subprocess.Popen([str(BIN / "spikeops"), "serve", "--config", str(config),
                                         "--addr", f"127.0.0.1:{receiver_port}"], env=env, stdout=logs,
                                        stderr=subprocess.STDOUT, start_new_session=True)
             receiver = f"http://127.0.0.1:{receiver_port}"
@@ -129,9 +148,6 @@ def test_alert_to_a_completed_incident_with_real_servers(tmp_path: Path) -> None
             resumed = [j for j in scheduler.jobs() if j.comment]
             assert len(resumed) == 1 and drained[0] not in resumed[0].nodes
             assert not (tmp_path / "pwned").exists()
-            for other in scheduler.jobs():
-                if other.state == "RUNNING":
-                    scheduler.stop(other.job_id, grace=0.5)
     finally:
         if serving is not None:
             _stop(serving)
