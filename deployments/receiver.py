@@ -198,8 +198,9 @@ def create_app(starter: Callable[[Alert, str], str | None], config: ReceiverConf
             except InputError as exc:  # the labels name no configured cluster, and the like
                 return JSONResponse({"error": f"cannot map the alert: {exc}"}, status_code=400)
             except Exception as exc:
+                # Alertmanager and Grafana retry a 5xx; Retry-After says when
                 return JSONResponse({"error": f"could not start the incident flow: {type(exc).__name__}"},
-                                    status_code=503)
+                                    status_code=503, headers={"Retry-After": "5"})
             answers.append({"job": alert.job, "status": "firing", "flow_run": run, "idempotency_key": key})
         return JSONResponse({"accepted": answers}, status_code=202)
 

@@ -96,7 +96,11 @@ def serve(config: SpikeopsConfig, addr: str | None = None) -> None:
     host, _, port = (addr or config.receiver_addr).rpartition(":")
     receiver = ReceiverConfig.from_env()
     check_bind(host, receiver)
+    deployment = incident_deployment()
+    # Register the deployment before the receiver listens: an alert that arrives in between
+    # would otherwise find no deployment to run and be answered 503.
+    deployment.apply()
     app = create_app(prefect_starter(config), receiver, emit=prefect_emitter())
     server = uvicorn.Server(uvicorn.Config(app, host=host, port=int(port), log_level="warning"))
     threading.Thread(target=server.run, name="spikeops-receiver", daemon=True).start()
-    prefect_serve(incident_deployment())
+    prefect_serve(deployment)

@@ -85,3 +85,13 @@ def test_no_auth_means_loopback_only() -> None:
     with pytest.raises(ValueError, match="refusing to listen"):
         check_bind("0.0.0.0", ReceiverConfig())
     check_bind("0.0.0.0", ReceiverConfig(token="t"))
+
+
+def test_prefect_unavailable_is_a_retryable_503() -> None:
+    def starter(alert, key):
+        raise ConnectionError("api down")
+
+    client = TestClient(create_app(starter, ReceiverConfig(token="s3cret")))
+    answer = client.post("/alerts/alertmanager", json=ALERTMANAGER, headers={"Authorization": "Bearer s3cret"})
+    assert answer.status_code == 503 and answer.headers["retry-after"] == "5"
+    assert "ConnectionError" in answer.json()["error"] and "api down" not in answer.text
