@@ -67,6 +67,7 @@ class IncidentParams(BaseModel):
     slack_channel: str | None = None
     observe_steps: int = Field(50, ge=0, le=10_000, description="after a single spike: steps to watch before deciding")
     observe_timeout_s: int = Field(600, ge=0, le=86_400, description="... and the most seconds to wait for them")
+    baseline_dir: str | None = Field(None, description="per-node baselines kept by the baseline deployment")
     alert: dict[str, Any] = Field(default_factory=dict)
 
     @field_validator("job_id")

@@ -21,6 +21,11 @@ slack_channel = "#incidents"
 approval = "always"                 # always | auto-hardware | never
 observe_steps = 50                  # after a single spike, steps to watch before deciding
 observe_timeout_s = 600             # ... and the most seconds to wait for them
+baseline_dir = "/var/lib/spikeops/baselines/sim"   # kept fresh by the baseline deployment
+control_command = ["/opt/bin/healthy-run", "--short"]  # the seed's control run on idle nodes
+control_timeout_s = 600
+
+[watch]                             # spikeops watch thresholds (docs/watch.md)
 ```
 """
 
@@ -53,6 +58,11 @@ class ClusterConfig:
     approval: str = "always"
     observe_steps: int | None = None
     observe_timeout_s: int | None = None
+    #: Where the scheduled baseline refresh keeps each node's last healthy probes.
+    baseline_dir: str | None = None
+    #: The seed's periodic "healthy run" control: a command run on idle nodes (argv, no shell).
+    control_command: list[str] | None = None
+    control_timeout_s: int = 600
 
 
 @dataclass(frozen=True)
@@ -61,6 +71,8 @@ class SpikeopsConfig:
     incidents_dir: str = "~/.local/state/spikeops/incidents"
     receiver_addr: str = DEFAULT_RECEIVER_ADDR
     clusters: dict[str, ClusterConfig] = field(default_factory=dict)
+    #: The ``[watch]`` table as written; ``spikeops.watch`` validates it.
+    watch: dict[str, Any] = field(default_factory=dict)
 
     def flow_parameters(self, job: str, cluster: str | None) -> dict[str, Any]:
         """The incident flow's parameters for a job on a configured cluster; InputError when
@@ -81,6 +93,7 @@ class SpikeopsConfig:
             "scheduler": chosen.scheduler, "scheduler_state_dir": chosen.scheduler_state_dir,
             "slack_channel": chosen.slack_channel, "approval": chosen.approval,
             "observe_steps": chosen.observe_steps, "observe_timeout_s": chosen.observe_timeout_s,
+            "baseline_dir": chosen.baseline_dir,
         }
         return {k: v for k, v in params.items() if v is not None}
 
@@ -99,7 +112,7 @@ def load_config(path: str | Path | None = None) -> SpikeopsConfig:
         document = tomllib.loads(target.read_text())
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise InputError(f"{target}: not valid TOML ({exc})") from None
-    unknown = set(document) - {"incidents", "receiver", "clusters"}
+    unknown = set(document) - {"incidents", "receiver", "clusters", "watch"}
     if unknown:
         raise InputError(f"{target}: unknown section {sorted(unknown)[0]!r}")
     clusters = {}
@@ -114,10 +127,15 @@ def load_config(path: str | Path | None = None) -> SpikeopsConfig:
                 raise InputError(f"{target}: [clusters.{name}] needs {required}")
         if table.get("approval", "always") not in ("always", "auto-hardware", "never"):
             raise InputError(f"{target}: [clusters.{name}] approval must be always, auto-hardware or never")
+        command = table.get("control_command")
+        if command is not None and (not isinstance(command, list) or not command
+                                    or not all(isinstance(part, str) and part for part in command)):
+            raise InputError(f"{target}: [clusters.{name}] control_command must be a list of strings (argv)")
         clusters[name] = ClusterConfig(name=name, **table)
     return SpikeopsConfig(
         target,
         incidents_dir=str((document.get("incidents") or {}).get("dir", SpikeopsConfig.incidents_dir)),
         receiver_addr=str((document.get("receiver") or {}).get("addr", DEFAULT_RECEIVER_ADDR)),
         clusters=clusters,
+        watch=dict(document.get("watch") or {}),
     )
