@@ -60,6 +60,7 @@ from spikeops.train import (  # noqa: E402
     GradGuard,
     MetricsLogger,
     NanGuard,
+    ResumeRequest,
     filter_samples,
     load_state,
     on_checkpoint_saved,
@@ -176,6 +177,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     model = TinyLM()
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.0)
 
+    # What the incident flow asked of this run (spikeops.remediation), when it resubmitted it.
+    request = ResumeRequest.from_env()
+    if args.resume_from is None and request.checkpoint:
+        args.resume_from = Path(request.checkpoint)
+    if request.strict_rng and args.no_restore_rng:
+        raise SystemExit("SPIKEOPS_RESTORE_RNG=strict: refusing --no-restore-rng")
+    if request.remediated:
+        log.warning("spikeops remediation: %s", request.describe())
     first_step = 1
     resumed_from = None
     check: FingerprintCheck | None = None
@@ -198,7 +207,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             (out / "reference").mkdir(exist_ok=True)
             shutil.copyfile(reference, out / "reference" / "batches.jsonl")
         check = FingerprintCheck(out / "reference" / "batches.jsonl", steps=20)
-        locator = AnomalyLocator(steps=args.locate_steps, reraise=False, log=log)
+        locator = AnomalyLocator(steps=max(args.locate_steps, request.detect_anomaly_steps), reraise=False, log=log)
 
     metrics = MetricsLogger(out, flush_every=20)
     grad_guard = GradGuard(max_norm=1.0)
@@ -210,9 +219,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     norms: dict[int, float] = {}
     order_warnings: list[str] = []
 
+    skipped: list[int] = []
     for step in range(first_step, args.steps + 1):
+        if any(request.skips(step, rank) for rank in range(WORLD)):
+            draw_indices()  # the sampler still advances: the data order after the skip is unchanged
+            skipped.append(step)
+            log.warning("step %d: batch skipped (spikeops remediation)", step)
+            continue
         for group in optimizer.param_groups:
-            group["lr"] = lr_at(step, args.steps)
+            group["lr"] = request.scale_lr(lr_at(step, args.steps))
         optimizer.zero_grad(set_to_none=True)
         grads = [torch.zeros_like(p) for p in model.parameters()]
         rank_losses = []
@@ -308,7 +323,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                    "duplicate": filter_stats.duplicate, "empty": filter_stats.empty},
         "fingerprints": None if check is None else {"matched": check.matched, "mismatches": len(check.mismatches),
                                                     "ok": check.ok},
-        "order_warnings": order_warnings, "anomaly": locator.summary(), "checkpoints": checkpoints,
+        "order_warnings": order_warnings, "anomaly": locator.summary(), "checkpoints": checkpoints, "skipped": skipped,
         "seconds": round(time.time() - started.timestamp(), 3),
     }
     (out / "train-summary.json").write_text(json.dumps(summary, indent=1, default=str) + "\n")

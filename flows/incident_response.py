@@ -33,6 +33,7 @@ from prefect.input import RunInput
 from pydantic import BaseModel, Field, field_validator
 
 from spikeops.bundle import BundleWriter
+from spikeops.remediation import resume_plan
 from spikeops.timeparse import iso
 from tasks.checkpoints import pick_checkpoint
 from tasks.collect import collect_evidence
@@ -238,9 +239,11 @@ class ResumeFailed(RuntimeError):
 
 
 @task(name="resume")
-def resume(params: IncidentParams, bundle: str, incident: str, checkpoint: str, exclude: list[str]) -> dict[str, Any]:
+def resume(params: IncidentParams, bundle: str, incident: str, checkpoint: str, exclude: list[str],
+           env: dict[str, str] | None = None) -> dict[str, Any]:
+    """Resubmit from ``checkpoint`` without ``exclude``, with the remediation's environment."""
     scheduler = _scheduler(params, Path(bundle), incident)
-    return scheduler.resume(params.job_id, checkpoint, exclude=exclude).to_json()
+    return scheduler.resume(params.job_id, checkpoint, exclude=exclude, env=env or {}).to_json()
 
 
 def _approved(params: IncidentParams, diagnosis: dict[str, Any], notifier: Any, logger: Any) -> tuple[bool, str]:
@@ -331,6 +334,8 @@ def incident_response(params: IncidentParams) -> dict[str, Any]:
         for f in diagnosis.get("findings") or []] or [{"cause": "none"}])
     if notifier:
         notifier.diagnosis(diagnosis, incident_doc)
+    plan = resume_plan(diagnosis.get("actions") or [], diagnosis.get("findings") or [])
+    outcome["remediation"] = {"env": plan.env, "applied": plan.applied, "for_a_person": plan.for_a_person}
     culprits = list(diagnosis.get("culprit_nodes") or [])
     resume_from = diagnosis.get("resume_from")
     approved, why = (False, "")
@@ -360,9 +365,13 @@ def incident_response(params: IncidentParams) -> dict[str, Any]:
                 stopped = _stopped(done)
             if "resume" not in params.skip and stopped:
                 if resume_from and resume_from.get("path") and (not culprits or excluded):
-                    done = resume(params, bundle, incident, resume_from["path"], excluded)
+                    done = resume(params, bundle, incident, resume_from["path"], excluded, plan.env)
                     outcome["actions"].append(done)
                     outcome["resumed"] = done
+                    if notifier and done["outcome"] in ("done", "nothing-to-do", "dry-run"):
+                        notifier.stage("resume", f"{done['detail']}; remediation: {plan.describe()}"
+                                       + (f". Left to a person: {'; '.join(plan.for_a_person)}"
+                                          if plan.for_a_person else ""))
                     if done["outcome"] in ("failed", "refused") and excluded:
                         raise ResumeFailed(done["detail"])
                 else:
@@ -374,6 +383,10 @@ def incident_response(params: IncidentParams) -> dict[str, Any]:
         outcome["resumed"] = {"outcome": "not resumed", "detail": outcome["rolled_back"]}
         if notifier:
             notifier.stage("rollback", outcome["rolled_back"])
+    if notifier and outcome.get("resumed", {}).get("outcome") not in ("done", "nothing-to-do") \
+            and (plan.applied or plan.for_a_person):
+        notifier.stage("remediation", "Not resumed automatically. Recommended for the next run: "
+                       + "; ".join(plan.applied + plan.for_a_person))
     from spikeops.notify import notify_bundle
 
     summary = (f"resumed: {outcome['resumed'].get('detail')}" if outcome.get("resumed", {}).get("outcome") == "done"

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from spikeops import __version__
-from spikeops.errors import SpikeopsError
+from spikeops.errors import InputError, SpikeopsError
 from spikeops.jsonable import to_jsonable
 from spikeops.probes.base import clip
 from spikeops.textio import ReadReport
@@ -338,8 +338,14 @@ def _cmd_job(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         result = scheduler.preserve(args.job, args.bundle, checkpoint=args.keep)
     else:
         exclude = expand_nodes(args.exclude) if args.exclude else []
+        env = {}
+        for pair in args.set_env or ():
+            name, sep, value = pair.partition("=")
+            if not sep:
+                raise InputError(f"--set-env {pair!r}: expected NAME=VALUE")
+            env[name] = value
         result = scheduler.resume(args.job, args.checkpoint or "", exclude=exclude, requeue=args.requeue,
-                                  script=args.script)
+                                  script=args.script, env=env)
     return _report_actions([result], out, args.json)
 
 
@@ -645,6 +651,9 @@ def build_parser() -> argparse.ArgumentParser:
     resume.add_argument("--script", help="batch script to resubmit (default: the job's own, from Slurm)")
     resume.add_argument("--env-var", default="SPIKEOPS_RESUME_FROM",
                         help="environment variable that carries the checkpoint (default SPIKEOPS_RESUME_FROM)")
+    resume.add_argument("--set-env", action="append", metavar="NAME=VALUE",
+                        help="a remediation for the resumed job, e.g. SPIKEOPS_LR_SCALE=0.3 or NCCL_DEBUG=INFO "
+                        "(repeatable; SPIKEOPS_* and NCCL debug variables only; docs/flow.md)")
     job.set_defaults(handler=_cmd_job)
     return parser
 

@@ -180,3 +180,23 @@ def test_a_broken_flow_says_so_in_the_thread(world, prefect_server: None, tmp_pa
     failure = [m for m in slack.thread(parent.ts) if "incident flow failed" in m.text]
     assert failure and "no such inventory" in failure[0].text
     scheduler.stop(job, grace=0.5)
+
+
+@pytest.mark.parametrize("world", [("overlong_sample", 3)], indirect=True)
+def test_a_data_nan_resumes_with_its_batches_skipped(world, prefect_server: None) -> None:
+    from flows.incident_response import incident_response
+
+    cluster, slack, scheduler, job, _ = world
+    outcome = incident_response(_params(world, incident_id="inc-flow-data", approval="auto-hardware"))
+    assert outcome["symptom"]["symptom"] == "instant_nan"
+    assert outcome["diagnosis"]["primary"]["cause"] == "overlong_sample" and not scheduler.drained()
+    resumed = outcome["resumed"]
+    assert resumed["outcome"] == "done", resumed
+    new = scheduler.show_job(resumed["extra"]["new_job"])
+    diagnosis = json.loads((Path(outcome["bundle"]) / "diagnosis.json").read_text())
+    skip = next(a for a in diagnosis["actions"] if a["kind"] == "skip_batches")
+    assert new.env["SPIKEOPS_SKIP_STEPS"] == ":".join(str(s) for s in skip["steps"])
+    assert "NCCL_DEBUG" not in new.env and sorted(new.nodes) == sorted(cluster.nodes)
+    texts = " | ".join(m.text for m in slack.messages)
+    assert "remediation: skip the batches of step" in texts, texts
+    scheduler.stop(new.job_id, grace=0.5)

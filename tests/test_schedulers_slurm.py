@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from spikeops.cli import main
+from spikeops.errors import InputError
 from spikeops.schedulers import ActionLog, SchedulerError, SlurmConfig, SlurmScheduler
 from spikeops.schedulers.base import LocalRunner
 from spikeops.sim import slurmcluster
@@ -143,7 +144,8 @@ def test_stop_signals_the_batch_script_then_cancels(slurm, tmp_path: Path) -> No
 def test_preserve_then_resume_excluding_a_node(slurm, tmp_path: Path) -> None:
     scheduler = _scheduler(slurm, tmp_path, incident="inc-2")
     where = tmp_path / "where"
-    body = f'echo "$SLURM_JOB_NODELIST ${{SPIKEOPS_RESUME_FROM:-none}}" >> {where}\nsleep 60\n'
+    body = (f'echo "$SLURM_JOB_NODELIST ${{SPIKEOPS_RESUME_FROM:-none}} ${{SPIKEOPS_LR_SCALE:-1}} '
+            f'${{NCCL_DEBUG:-WARN}}" >> {where}\nsleep 60\n')
     job = _submit(slurm, tmp_path, body, "-N", "2", "-w", "node[001-002]")
     _wait_state(slurm, job, {"RUNNING"})
     bundle = tmp_path / "bundle"
@@ -154,7 +156,8 @@ def test_preserve_then_resume_excluding_a_node(slurm, tmp_path: Path) -> None:
     assert f"JobId={job}" in (bundle / "scheduler" / f"job-{job}.txt").read_text()
     assert scheduler.stop(job).outcome == "done"
     resumed = scheduler.resume(job, "/ckpt/step-12000", exclude=["node001"],
-                               script=bundle / "scheduler" / f"batch-{job}.sh")
+                               script=bundle / "scheduler" / f"batch-{job}.sh",
+                               env={"SPIKEOPS_LR_SCALE": "0.3", "NCCL_DEBUG": "INFO"})
     assert resumed.outcome == "done", resumed.detail
     new = resumed.extra["new_job"]
     _wait_state(slurm, new, {"RUNNING"})
@@ -162,9 +165,10 @@ def test_preserve_then_resume_excluding_a_node(slurm, tmp_path: Path) -> None:
     while time.monotonic() < deadline and len(where.read_text().splitlines()) < 2:
         time.sleep(0.1)
     first, second = where.read_text().splitlines()[:2]
-    assert first == "node[001-002] none"  # the original run
-    nodelist, checkpoint = second.split()
+    assert first == "node[001-002] none 1 WARN"  # the original run
+    nodelist, checkpoint, scale, debug = second.split()
     assert "node001" not in nodelist and checkpoint == "/ckpt/step-12000"
+    assert (scale, debug) == ("0.3", "INFO")  # the remediation reached the resubmitted job
     again = scheduler.resume(job, "/ckpt/step-12000", exclude=["node001"],
                              script=bundle / "scheduler" / f"batch-{job}.sh")
     assert again.outcome == "nothing-to-do" and again.extra["new_job"] == new
@@ -194,3 +198,10 @@ def test_bad_input_and_a_missing_controller(slurm, tmp_path: Path, monkeypatch: 
     out, err = io.StringIO(), io.StringIO()
     assert main(["nodes", "list", "--timeout", "3"], out=out, err=err) == 2
     assert err.getvalue().count("\n") == 1 and "cannot read node states" in err.getvalue()
+
+
+def test_resume_refuses_an_unsafe_environment(slurm, tmp_path: Path) -> None:
+    scheduler = _scheduler(slurm, tmp_path, incident="inc-env")
+    for env in ({"LD_PRELOAD": "/tmp/x.so"}, {"SPIKEOPS_SKIP_STEPS": "1,2"}, {"NCCL_DEBUG": "INFO\nrm"}):
+        with pytest.raises(InputError, match="refusing"):
+            scheduler.resume("123", "/ckpt/step-1", env=env)

@@ -160,3 +160,22 @@ def test_run_without_injection_has_no_overlong_sample(example: Any, tmp_path: Pa
     result = diagnose(tmp_path)
     assert result.primary.cause != "overlong_sample"
     assert "overlong_sample" not in {finding.cause for finding in result.findings}
+
+
+def test_the_diagnosis_remediation_reaches_the_resumed_run(example: Any, injected: tuple[Path, dict[str, Any]],
+                                                           tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The whole chain: diagnose the injected run, turn its actions into the resume
+    environment the flow would pass, and resume with it: the poisoned batch is skipped."""
+    from spikeops.remediation import resume_plan
+
+    base, before = injected
+    document = diagnose(base).to_json()
+    plan = resume_plan(document["actions"], document["findings"])
+    assert plan.env["SPIKEOPS_SKIP_STEPS"] == str(INJECT_STEP)
+    for name, value in {**plan.env, "SPIKEOPS_RESUME_FROM": document["resume_from"]["path"]}.items():
+        monkeypatch.setenv(name, value)
+    summary = example.main(["--out", str(tmp_path), "--steps", "80", "--inject-overlong", str(INJECT_STEP)])
+    assert summary["first_step"] == 41 and summary["skipped"] == [INJECT_STEP]
+    assert INJECT_STEP not in summary["losses"]
+    assert max(summary["losses"].values()) < before["losses"][INJECT_STEP] / 2  # no spike this time
+    assert diagnose(tmp_path).primary.cause == "false_alarm"

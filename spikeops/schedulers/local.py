@@ -23,6 +23,7 @@ from typing import Any
 from spikeops.bundle import atomic_write
 from spikeops.errors import InputError
 from spikeops.inventory import fold_nodes
+from spikeops.remediation import check_env
 from spikeops.probes.slurm import is_spikeops_reason
 from spikeops.schedulers.base import ActionLog, ActionResult, SchedulerError
 from spikeops.schedulers.policy import drain_verdict, release_verdict
@@ -165,6 +166,11 @@ class LocalScheduler:
     def drained(self) -> list[LocalNode]:
         return [node for node in self.nodes().values() if node.drained_by_spikeops]
 
+    def idle_nodes(self) -> list[str]:
+        """Nodes in no running job and neither drained nor down (the control run's candidates)."""
+        busy = {node for job in self.jobs() if job.state == "RUNNING" for node in job.nodes}
+        return [name for name, node in sorted(self.nodes().items()) if node.base_state == "IDLE" and name not in busy]
+
     def _known(self, names: list[str]) -> dict[str, LocalNode]:
         nodes = self.nodes()
         strangers = [n for n in names if n not in nodes]
@@ -244,8 +250,12 @@ class LocalScheduler:
         return self._finish(result)
 
     def resume(self, job: str, checkpoint: str, *, exclude: Iterable[str] = (), resume_env: str = "SPIKEOPS_RESUME_FROM",
-               key: str | None = None, **_: Any) -> ActionResult:
+               key: str | None = None, env: Mapping[str, str] | None = None, **_: Any) -> ActionResult:
         excluded = _check_nodes(exclude) if list(exclude) else []
+        try:
+            extra_env = check_env(env or {})
+        except ValueError as exc:
+            raise InputError(str(exc)) from None
         info = self.show_job(job)
         key = key or f"spikeops-resume:{job}:{checkpoint}"
         result = ActionResult("resume", job, "", "", extra={"checkpoint": checkpoint, "exclude": fold_nodes(excluded)})
@@ -264,8 +274,10 @@ class LocalScheduler:
         if self.dry_run:
             result.outcome, result.detail = "dry-run", f"would start {' '.join(info.argv)} on {fold_nodes(nodes)}"
             return self._finish(result)
-        env = dict(info.env, **{resume_env: checkpoint})
-        new = self.submit(info.argv, nodes, env=env, cwd=info.cwd, comment=key, exclude=excluded)
+        if extra_env:
+            result.extra["env"] = extra_env
+        new = self.submit(info.argv, nodes, env={**info.env, **extra_env, resume_env: checkpoint}, cwd=info.cwd,
+                          comment=key, exclude=excluded)
         result.extra["new_job"] = new
         result.outcome, result.detail = "done", f"resubmitted as job {new} on {fold_nodes(nodes)} from {checkpoint}"
         return self._finish(result)

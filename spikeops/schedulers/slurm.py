@@ -21,13 +21,14 @@ import os
 import re
 import tempfile
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from spikeops.collect.plan import check_job_id
 from spikeops.errors import InputError
 from spikeops.inventory import fold_nodes
+from spikeops.remediation import check_env
 from spikeops.probes.slurm import (
     REASON_PREFIX,
     SlurmJob,
@@ -136,6 +137,15 @@ class SlurmScheduler:
         """The nodes spikeops has drained (reason starts with ``spikeops:``)."""
         nodes, _ = self.show_nodes()
         return [node for node in nodes.values() if node.drained_by_spikeops]
+
+    def idle_nodes(self) -> list[str]:
+        """Nodes Slurm calls IDLE with no flag beyond the harmless ones: a drained, reserved,
+        rebooting, powered-down or not-responding node, or one in a state spikeops does not
+        know, is not idle (the baseline control run leaves it alone)."""
+        harmless = {"CLOUD", "DYNAMIC_NORM"}
+        nodes, _ = self.show_nodes()
+        return [node.name for node in nodes.values()
+                if node.base_state == "IDLE" and not node.drained and not node.down and node.flags <= harmless]
 
     def _known(self, names: list[str]) -> tuple[dict[str, SlurmNode], CommandRun]:
         state, run = self.show_nodes()
@@ -310,10 +320,18 @@ class SlurmScheduler:
         return None
 
     def resume(self, job: str, checkpoint: str, *, exclude: Iterable[str] = (), requeue: bool = False,
-               script: str | Path | None = None, key: str | None = None) -> ActionResult:
+               script: str | Path | None = None, key: str | None = None,
+               env: Mapping[str, str] | None = None) -> ActionResult:
         """Resubmit the job's batch script without ``exclude``, pointing it at ``checkpoint``
-        (or requeue the job with ``ExcNodeList``). Idempotent by ``--comment``."""
+        (or requeue the job with ``ExcNodeList``). Idempotent by ``--comment``. ``env`` (the
+        remediation's variables, ``spikeops.remediation``) is exported to the new job."""
         excluded = _check_nodes(exclude) if list(exclude) else []
+        try:
+            extra_env = check_env(env or {})
+        except ValueError as exc:
+            raise InputError(str(exc)) from None
+        if requeue and extra_env:
+            raise InputError("a requeued job keeps its environment: remediations need a resubmission")
         info, looked = self.show_job(job)
         if requeue:
             return self._requeue(info, excluded, looked)
@@ -345,10 +363,16 @@ class SlurmScheduler:
             argv.append(f"--chdir={info.work_dir}")
         if excluded:
             argv.append(f"--exclude={fold_nodes(excluded)}")
+        exports = dict(extra_env)
         if self.config.resume_env:
             if not _ENV_NAME.match(self.config.resume_env):
                 raise InputError(f"bad environment variable name {self.config.resume_env!r}")
-            argv.append(f"--export=ALL,{self.config.resume_env}={checkpoint}")
+            if "," in checkpoint:
+                raise InputError("a checkpoint path with a comma cannot pass through sbatch --export")
+            exports[self.config.resume_env] = checkpoint
+        if exports:
+            argv.append("--export=" + ",".join(["ALL"] + [f"{k}={v}" for k, v in exports.items()]))
+            result.extra["env"] = {k: v for k, v in exports.items() if k != self.config.resume_env}
         stdin: str | None = body
         if self.config.resume_args:
             handle = tempfile.NamedTemporaryFile("w", suffix=".sh", prefix=f"spikeops-resume-{job}-", delete=False)

@@ -8,7 +8,9 @@ is used when the job has imported it.
 - ``capture_state``/``restore_state``/``FingerprintCheck``: RNG and sampler state with the
   checkpoint, and the data-order check after a resume;
 - ``AnomalyLocator``: the operator that produced the first NaN, after a resume;
-- ``on_checkpoint_saved``: resume state and MANIFEST.json on every save.
+- ``on_checkpoint_saved``: resume state and MANIFEST.json on every save;
+- ``ResumeRequest``: what the incident flow asked a resumed run to do (skip batches, 0.3x LR,
+  strict RNG restore, detect_anomaly), read from the environment.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from spikeops.train.anomaly import AnomalyLocator
 from spikeops.train.checkpointing import on_checkpoint_saved
 from spikeops.train.guards import FilterStats, GradGuard, NanGuard, NonFiniteLoss, filter_samples
 from spikeops.train.logger import MetricsLogger, batch_record, fingerprint
+from spikeops.train.remedies import ResumeRequest
 from spikeops.train.resume import (
     DataOrderWarning,
     FingerprintCheck,
@@ -30,5 +33,5 @@ __all__ = [
     "MetricsLogger", "fingerprint", "batch_record",
     "GradGuard", "NanGuard", "NonFiniteLoss", "filter_samples", "FilterStats",
     "capture_state", "restore_state", "save_state", "load_state", "FingerprintCheck", "DataOrderWarning",
-    "AnomalyLocator", "on_checkpoint_saved",
+    "AnomalyLocator", "on_checkpoint_saved", "ResumeRequest",
 ]

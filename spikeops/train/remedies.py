@@ -1,0 +1,125 @@
+"""The job's side of a remediated resume: what spikeops asked the resumed run to do.
+
+When the incident flow resubmits a job it passes the checkpoint and the diagnosis's
+remediations as environment variables (``spikeops.remediation``). ``ResumeRequest.from_env()``
+reads them back in the training script, so the seed's recovery steps (skip the bad batch,
+test at 0.3x LR, restore the RNG strictly, locate the operator) are a few lines:
+
+    request = ResumeRequest.from_env()
+    if request.checkpoint: load(request.checkpoint)
+    for step in ...:
+        if request.skips(step, rank): continue
+        lr = request.scale_lr(schedule(step))
+
+A malformed variable is ignored with a warning rather than crashing the job: a resumed run
+that starts is worth more than a perfect one that does not.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from spikeops.remediation import (
+    ENV_CLIP_GRAD,
+    ENV_DATA_FILTER,
+    ENV_DETECT_ANOMALY,
+    ENV_LR_SCALE,
+    ENV_RESTORE_RNG,
+    ENV_SKIP_RANKS,
+    ENV_SKIP_STEPS,
+)
+
+__all__ = ["ResumeRequest", "ENV_RESUME_FROM"]
+
+#: Where the scheduler puts the checkpoint to resume from (``SlurmConfig.resume_env``).
+ENV_RESUME_FROM = "SPIKEOPS_RESUME_FROM"
+
+
+def _ints(text: str, name: str) -> frozenset[int]:
+    out = set()
+    for part in text.split(":"):
+        if not part.strip():
+            continue
+        try:
+            out.add(int(part))
+        except ValueError:
+            warnings.warn(f"{name}: ignoring {part!r} (not a step number)", stacklevel=3)
+    return frozenset(out)
+
+
+def _positive(text: str | None, name: str) -> float | None:
+    if not text:
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value > 0 or value != value:
+        warnings.warn(f"{name}: ignoring {text!r} (not a positive number)", stacklevel=3)
+        return None
+    return value
+
+
+@dataclass(frozen=True)
+class ResumeRequest:
+    checkpoint: str | None = None
+    skip_steps: frozenset[int] = field(default_factory=frozenset)
+    #: Ranks whose batches to skip at ``skip_steps``; empty means every rank's.
+    skip_ranks: frozenset[int] = field(default_factory=frozenset)
+    lr_scale: float = 1.0
+    strict_rng: bool = False
+    detect_anomaly_steps: int = 0
+    clip_grad: float | None = None
+    data_filters: frozenset[str] = field(default_factory=frozenset)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> ResumeRequest:
+        env = os.environ if environ is None else environ
+        scale = _positive(env.get(ENV_LR_SCALE), ENV_LR_SCALE)
+        anomaly = _positive(env.get(ENV_DETECT_ANOMALY), ENV_DETECT_ANOMALY)
+        return cls(
+            checkpoint=env.get(ENV_RESUME_FROM) or None,
+            skip_steps=_ints(env.get(ENV_SKIP_STEPS, ""), ENV_SKIP_STEPS),
+            skip_ranks=_ints(env.get(ENV_SKIP_RANKS, ""), ENV_SKIP_RANKS),
+            lr_scale=scale if scale is not None and scale <= 1 else 1.0,
+            strict_rng=env.get(ENV_RESTORE_RNG, "").lower() in ("strict", "1", "true", "yes"),
+            detect_anomaly_steps=int(anomaly) if anomaly else 0,
+            clip_grad=_positive(env.get(ENV_CLIP_GRAD), ENV_CLIP_GRAD),
+            data_filters=frozenset(p for p in env.get(ENV_DATA_FILTER, "").split(":") if p),
+        )
+
+    @property
+    def remediated(self) -> bool:
+        """Whether spikeops asked for anything beyond the plain resume."""
+        return bool(self.skip_steps or self.lr_scale != 1.0 or self.strict_rng or self.detect_anomaly_steps
+                    or self.clip_grad or self.data_filters)
+
+    def skips(self, step: int, rank: int | None = None) -> bool:
+        """Whether this step's batch (this rank's, when ranks were named) is to be skipped."""
+        if step not in self.skip_steps:
+            return False
+        return not self.skip_ranks or rank is None or rank in self.skip_ranks
+
+    def scale_lr(self, lr: float) -> float:
+        """The LR for the 0.3x test (never raises an LR: a scale above 1 is ignored)."""
+        return lr * self.lr_scale
+
+    def describe(self) -> str:
+        parts = []
+        if self.skip_steps:
+            parts.append(f"skipping step(s) {sorted(self.skip_steps)}"
+                         + (f" on rank(s) {sorted(self.skip_ranks)}" if self.skip_ranks else ""))
+        if self.lr_scale != 1.0:
+            parts.append(f"LR x{self.lr_scale:g}")
+        if self.strict_rng:
+            parts.append("strict RNG restore")
+        if self.detect_anomaly_steps:
+            parts.append(f"detect_anomaly for {self.detect_anomaly_steps} steps")
+        if self.clip_grad:
+            parts.append(f"clip at {self.clip_grad:g}")
+        if self.data_filters:
+            parts.append("filters " + ", ".join(sorted(self.data_filters)))
+        return "; ".join(parts) or "plain resume"
