@@ -25,6 +25,7 @@ from spikeops.sim.processes import pid_alive
 from spikeops.sim.slurmcluster import (
     ClusterError,
     SlurmCluster,
+    check_names,
     down,
     find_processes,
     load,
@@ -130,6 +131,17 @@ def test_node_names_and_conf():
     assert "PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP\n" in text
 
 
+def test_explicit_node_names_are_checked_before_anything_starts(tmp_path):
+    assert check_names(["gpu-017", "c04-n10"]) == ["gpu-017", "c04-n10"]
+    for bad, message in ((["gpu[017-018]"], "node name"), (["gpu-1,gpu-2"], "node name"),
+                         (["gpu-1", "gpu-1"], "repeated"), ([], "at least 1"), ("gpu-017", "not one string")):
+        with pytest.raises(ValueError, match=message):
+            check_names(bad)
+    with pytest.raises(ValueError, match="nodes=3 but 2 names"):
+        up(tmp_path / "c", nodes=3, names=["gpu-017", "c04-n10"])
+    assert not (tmp_path / "c").exists()
+
+
 def test_up_refuses_a_foreign_directory_and_a_taken_port(tmp_path):
     _require_slurm()
     (tmp_path / "mine").mkdir()
@@ -232,6 +244,17 @@ def test_requeue_kills_a_running_batch_job_and_runs_it_again(slurm, tmp_path):
     wait_for("the second run's pid", lambda: len(pids.read_text().split()) == 2)
     ok(slurm, "scancel", job_id)
     wait_state(slurm, job_id, "CANCELLED")
+
+
+def test_a_cluster_of_named_nodes(tmp_path):
+    """A simulated incident's node names (not consecutive, not one prefix) are the nodes."""
+    _require_slurm()
+    names = ["gpu-017", "c04-n10", "spare-001"]
+    with running(tmp_path / "named", names=names) as named:
+        assert named.nodes == load(named.directory).nodes == names
+        assert sorted(ok(named, "sinfo", "-h", "-N", "-o", "%N %t").splitlines()) == sorted(f"{n} idle" for n in names)
+        job_id = submit(named, "-w", "gpu-017,c04-n10", "-N", "2", "-o", "/dev/null", "--wrap", "sleep 30")
+        assert NodeSet(wait_state(named, job_id, "RUNNING")["NodeList"]) == NodeSet("gpu-017,c04-n10")
 
 
 def test_up_on_a_running_directory_fails_and_leaves_it_running(slurm):

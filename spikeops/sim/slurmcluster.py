@@ -7,7 +7,9 @@ tests and the demo run against Debian's real ``slurmctld`` and ``slurmd`` (22.05
 starts ``slurmctld`` and one ``slurmd -N NODE`` per node, all on localhost, each node on its
 own port, and waits until ``sinfo`` shows every node idle (0.1 s for 4 nodes, 0.4 s for 64). Batch jobs
 really run: ``sbatch -N 2`` starts a ``slurmstepd`` and the script on two "nodes" that are
-all this machine, and ``srun`` steps work between them.
+all this machine, and ``srun`` steps work between them. ``up(D, names=[...])`` names the
+nodes instead (a simulated incident's ``gpu-017``, ``c04-n10``..., so that the job, the
+drain and the SSH collection all speak of the same nodes).
 
 Layout of D (all written by ``up``)::
 
@@ -74,6 +76,7 @@ __all__ = [
     "status",
     "slurm_conf",
     "node_names",
+    "check_names",
     "free_ports",
     "find_processes",
     "main",
@@ -89,6 +92,8 @@ HOST = "127.0.0.1"
 # A unix socket path must fit sockaddr_un.sun_path (108 bytes with its NUL).
 _MAX_SOCKET = 107
 _PREFIX = re.compile(r"^[A-Za-z][A-Za-z0-9-]*$")
+# An explicit node name: what slurm.conf, hostlists and file names take without quoting.
+_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9._-]{0,62}$")
 # What up writes in D (and may replace when the cluster there is stopped).
 _ENTRIES = ("cluster.json", "slurm.conf", "munge", "state", "spool", "run", "log")
 # Programs whose command line naming D makes them D's daemons (slurmctld's helper
@@ -128,6 +133,23 @@ def node_names(count: int, prefix: str = "node") -> list[str]:
         raise ValueError(f"node prefix {prefix!r}: a letter, then letters, digits or '-'")
     width = max(3, len(str(count)))
     return [f"{prefix}{i:0{width}d}" for i in range(1, count + 1)]
+
+
+def check_names(names: Sequence[str]) -> list[str]:
+    """Explicit node names as a list, or ValueError: at least one, no repeats, each a letter
+    then letters, digits or ``._-`` (a ``[`` or ``,`` would read as a hostlist in Slurm)."""
+    if isinstance(names, str):
+        raise ValueError("names: a list of node names, not one string")
+    listed = list(names)
+    if not listed:
+        raise ValueError("a cluster has at least 1 node")
+    for name in listed:
+        if not isinstance(name, str) or not _NAME.match(name):
+            raise ValueError(f"node name {name!r}: a letter, then letters, digits or '._-' (at most 63)")
+    repeated = sorted({name for name in listed if listed.count(name) > 1})
+    if repeated:
+        raise ValueError(f"node names repeated: {', '.join(repeated)}")
+    return listed
 
 
 def free_ports(count: int, low: int = 20000, high: int = 32000) -> int:
@@ -383,14 +405,23 @@ def _start(cluster: SlurmCluster, timeout: float) -> dict[str, int]:
 # ---------------------------------------------------------------------------- API
 
 
-def up(directory: str | Path, *, nodes: int = 4, prefix: str = "node", cpus: int = 2, port: int | None = None,
-       ready_timeout: float = 30.0) -> SlurmCluster:
+def up(directory: str | Path, *, nodes: int | None = None, prefix: str = "node", cpus: int = 2,
+       port: int | None = None, ready_timeout: float = 30.0, names: Sequence[str] | None = None) -> SlurmCluster:
     """Start munged, slurmctld and ``nodes`` slurmd in ``directory``; return once every node
     is idle in ``sinfo`` (at most ``ready_timeout`` seconds, else ClusterError with the end
-    of the log that says why). ``port`` is slurmctld's and the nodes take the ports after it;
-    None takes a free block. On any failure, what was started is stopped again.
+    of the log that says why). Nodes are ``prefix`` + 001.. (``nodes`` of them, default 4),
+    or exactly ``names`` when given (``check_names``; ``prefix`` is then unused, and
+    ``nodes``, if given too, must be their count). ``port`` is slurmctld's and the nodes take
+    the ports after it; None takes a free block. On any failure, what was started is
+    stopped again.
     """
-    names = node_names(nodes, prefix)
+    if names is None:
+        names = node_names(4 if nodes is None else nodes, prefix)
+    else:
+        names = check_names(names)
+        if nodes is not None and nodes != len(names):
+            raise ValueError(f"nodes={nodes} but {len(names)} names given")
+    nodes = len(names)
     if cpus < 1:
         raise ValueError("a node has at least 1 CPU")
     if port is not None and not 1 <= port <= 65535 - nodes:
