@@ -1,4 +1,4 @@
-"""Serving the incident flow and the alert receiver (``spikeops serve``).
+"""Serving the incident flow, the scheduled baseline refresh and the alert receiver (``spikeops serve``).
 
 ``incident_deployment()`` is the flow as a served deployment, with a concurrency limit of one
 run at a time, so two incidents on one cluster never act on its scheduler at once.
@@ -96,11 +96,16 @@ def serve(config: SpikeopsConfig, addr: str | None = None) -> None:
     host, _, port = (addr or config.receiver_addr).rpartition(":")
     receiver = ReceiverConfig.from_env()
     check_bind(host, receiver)
-    deployment = incident_deployment()
-    # Register the deployment before the receiver listens: an alert that arrives in between
+    from deployments.baselines import baseline_deployment, wants_baselines
+
+    deployments = [incident_deployment()]
+    if wants_baselines(config):  # a cluster with a baseline_dir: the scheduled refresh too
+        deployments.append(baseline_deployment(config))
+    # Register the deployments before the receiver listens: an alert that arrives in between
     # would otherwise find no deployment to run and be answered 503.
-    deployment.apply()
+    for deployment in deployments:
+        deployment.apply()
     app = create_app(prefect_starter(config), receiver, emit=prefect_emitter())
     server = uvicorn.Server(uvicorn.Config(app, host=host, port=int(port), log_level="warning"))
     threading.Thread(target=server.run, name="spikeops-receiver", daemon=True).start()
-    prefect_serve(deployment)
+    prefect_serve(*deployments)

@@ -35,6 +35,7 @@ from pydantic import BaseModel, Field, field_validator
 from spikeops.bundle import BundleWriter
 from spikeops.remediation import resume_plan
 from spikeops.timeparse import iso
+from tasks.baselines import bundle_baselines
 from tasks.checkpoints import pick_checkpoint
 from tasks.collect import collect_evidence
 from tasks.notify import report_artifact
@@ -191,7 +192,8 @@ def stop_job(params: IncidentParams, bundle: str, incident: str) -> list[dict[st
     so the job can save."""
     scheduler = _scheduler(params, Path(bundle), incident)
     done = []
-    if hasattr(scheduler, "preserve"):
+    # A rerun keeps the record taken while the job ran (a second one would show it cancelled).
+    if hasattr(scheduler, "preserve") and not (Path(bundle) / "scheduler" / f"job-{params.job_id}.txt").is_file():
         done.append(scheduler.preserve(params.job_id, bundle).to_json())
     done.append(scheduler.stop(params.job_id, signal="USR1", grace=10).to_json())
     return done
@@ -243,7 +245,13 @@ def resume(params: IncidentParams, bundle: str, incident: str, checkpoint: str, 
            env: dict[str, str] | None = None) -> dict[str, Any]:
     """Resubmit from ``checkpoint`` without ``exclude``, with the remediation's environment."""
     scheduler = _scheduler(params, Path(bundle), incident)
-    return scheduler.resume(params.job_id, checkpoint, exclude=exclude, env=env or {}).to_json()
+    extra: dict[str, Any] = {}
+    preserved = Path(bundle) / "scheduler" / f"batch-{params.job_id}.sh"
+    if params.scheduler == "slurm" and preserved.is_file():
+        # the script as preserved while the job ran: Slurm forgets a finished job's script
+        # once the job record is purged (MinJobAge), and a resume may come later than that
+        extra["script"] = preserved
+    return scheduler.resume(params.job_id, checkpoint, exclude=exclude, env=env or {}, **extra).to_json()
 
 
 def _approved(params: IncidentParams, diagnosis: dict[str, Any], notifier: Any, logger: Any) -> tuple[bool, str]:
@@ -322,6 +330,9 @@ def incident_response(params: IncidentParams) -> dict[str, Any]:
         if notifier:
             notifier.stage("collect", f"collected {len(buckets['ok'])}/{len(collected.nodes)} nodes"
                            + "".join(f"; {k}: {len(v)}" for k, v in buckets.items() if v and k != "ok"))
+    if params.baseline_dir:
+        copied = bundle_baselines(params.baseline_dir, bundle, list(incident_doc["job"]["nodes"] or []))
+        logger.info("baselines: %s", "; ".join(copied))
     diagnosis = diagnose_bundle(bundle)
     if params.checkpoint_root and diagnosis.get("onset_step") is not None:
         pick_checkpoint(params.checkpoint_root, int(diagnosis["onset_step"]), bundle=bundle)

@@ -18,6 +18,7 @@ from spikeops.baselines import (
     ControlResult,
     NodeStates,
     RefreshResult,
+    copy_baselines,
     node_states,
     refresh_baselines,
     run_control,
@@ -25,7 +26,7 @@ from spikeops.baselines import (
 from spikeops.inventory import fold_nodes
 from tasks.notify import slack_notifier
 
-__all__ = ["read_node_states", "refresh_cluster_baselines", "control_run", "baseline_table", "control_table",
+__all__ = ["bundle_baselines", "read_node_states", "refresh_cluster_baselines", "control_run", "baseline_table", "control_table",
            "tell_control_failures", "FAILED_VERDICTS"]
 
 #: Control verdicts that are reported loudly (an unreachable node is logged, not alarmed).
@@ -76,3 +77,10 @@ def tell_control_failures(cluster: str, failures: list[ControlResult], baseline_
         lines.append(f"... and {len(failures) - 20} more (see the flow run's control table)")
     delivery = slack_notifier(folder, channel=channel).stage("control-failed", "\n".join(lines))
     return {"posted": delivery.posted, "error": delivery.error, "folder": str(folder)}
+
+
+@task(name="baselines-into-bundle")
+def bundle_baselines(baseline_dir: str, bundle: str, nodes: list[str]) -> list[str]:
+    """The incident's nodes' stored baselines, copied into the bundle so the diagnosis reads
+    counters as growth (captures from after the window began are left out)."""
+    return copy_baselines(baseline_dir, bundle, nodes)
