@@ -8,13 +8,15 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 # Debian packages the test suite needs (installed only when missing; see infra/apt-ensure.sh).
 APT_PACKAGES := openssh-server munge slurmctld slurmd slurm-client
+# The demo's nodes are real sshd servers (Slurm is used when installed, never installed for it).
+DEMO_APT_PACKAGES := openssh-server
 # ... and the benchmarks' baselines (pdsh; clush comes with ClusterShell from PyPI).
 BENCH_APT_PACKAGES := openssh-server pdsh
 
 .PHONY: demo test venv apt bench example clean help
 
 help:
-	@echo "make demo   - diagnose the example incident bundle (examples/bundle-xid79)"
+	@echo "make demo   - the whole pipeline on one machine: a local cluster, a diverging job, the flow (<1 min)"
 	@echo "make test   - run the whole test suite (creates .venv, installs what it needs)"
 	@echo "make bench  - run the benchmarks in bench/ (by hand; results go in the README)"
 
@@ -30,9 +32,8 @@ apt:
 	@infra/apt-ensure.sh $(APT_PACKAGES)
 
 demo: $(STAMP)
-	$(BIN)/spikeops diagnose --no-write examples/bundle-xid79
-	@echo
-	@echo "what spikeops read in each file: $(BIN)/spikeops parse examples/bundle-xid79"
+	@infra/apt-ensure.sh $(DEMO_APT_PACKAGES)
+	$(BIN)/spikeops demo $(if $(SCENARIO),--scenario $(SCENARIO))
 
 test: $(STAMP) apt
 	$(BIN)/python -m pytest

@@ -335,7 +335,10 @@ def incident_response(params: IncidentParams) -> dict[str, Any]:
         logger.info("baselines: %s", "; ".join(copied))
     diagnosis = diagnose_bundle(bundle)
     if params.checkpoint_root and diagnosis.get("onset_step") is not None:
-        pick_checkpoint(params.checkpoint_root, int(diagnosis["onset_step"]), bundle=bundle)
+        # a checkpoint that fails its checksums gets a marker (never deleted, never renamed
+        # here), so neither this resume nor a person's picks it by mistake
+        pick_checkpoint(params.checkpoint_root, int(diagnosis["onset_step"]), bundle=bundle,
+                        quarantine=None if params.dry_run else "marker")
         diagnosis = diagnose_bundle(bundle)  # now with the verified resume point
     outcome["diagnosis"] = {"primary": diagnosis.get("primary"), "culprit_nodes": diagnosis.get("culprit_nodes"),
                             "resume_from": diagnosis.get("resume_from")}

@@ -168,6 +168,9 @@ def test_preserve_then_resume_excluding_a_node(slurm, tmp_path: Path) -> None:
     assert first == "node[001-002] none 1 WARN"  # the original run
     nodelist, checkpoint, scale, debug = second.split()
     assert "node001" not in nodelist and checkpoint == "/ckpt/step-12000"
+    from spikeops.probes.slurm import expand_nodelist
+
+    assert len(expand_nodelist(nodelist)[0]) == 2  # the size given to sbatch -N survives the resubmission
     assert (scale, debug) == ("0.3", "INFO")  # the remediation reached the resubmitted job
     again = scheduler.resume(job, "/ckpt/step-12000", exclude=["node001"],
                              script=bundle / "scheduler" / f"batch-{job}.sh")

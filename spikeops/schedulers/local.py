@@ -148,7 +148,8 @@ class LocalScheduler:
         wrapper = [sys.executable, "-c",
                    "import subprocess,sys; code=subprocess.call(sys.argv[2:]); open(sys.argv[1],'w').write(str(code))",
                    str(exit_file), *argv]
-        full_env = dict(os.environ, **(env or {}), SPIKEOPS_LOCAL_JOB=job)
+        full_env = dict(os.environ, **(env or {}), SPIKEOPS_LOCAL_JOB=job,
+                        SPIKEOPS_JOB_NODES=fold_nodes([n for n in nodes if n not in set(exclude)]))
         log_file = open(self.directory / "jobs" / f"{job}.out", "wb")  # noqa: SIM115
         with log_file:
             process = subprocess.Popen(wrapper, cwd=cwd, env=full_env, stdout=log_file, stderr=subprocess.STDOUT,

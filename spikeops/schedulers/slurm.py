@@ -361,6 +361,10 @@ class SlurmScheduler:
             argv.append(f"--partition={info.partition}")
         if info.work_dir:
             argv.append(f"--chdir={info.work_dir}")
+        nodes = info.fields.get("NumNodes", "")
+        if re.fullmatch(r"\d+(-\d+)?", nodes):
+            # a size given on sbatch's command line is not in the script: keep the job's size
+            argv.append(f"--nodes={nodes}")
         if excluded:
             argv.append(f"--exclude={fold_nodes(excluded)}")
         exports = dict(extra_env)

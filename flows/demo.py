@@ -1,0 +1,477 @@
+"""``spikeops demo``: the whole pipeline on one machine, in under a minute.
+
+A newcomer should see spikeops do its whole job on a realistic cluster without configuring
+anything, so the demo builds one and tears it down:
+
+1. a simulated incident of the chosen cause (``spikeops.sim``) becomes a cluster of real sshd
+   "nodes" on loopback addresses, each answering the probes with that node's evidence;
+2. the scheduler is the real Slurm when its daemons are installed (``spikeops.sim.slurmcluster``),
+   else the local-process scheduler; a training job (``spikeops.sim.trainjob``) runs on the
+   nodes and writes its metrics step by step, diverging as the scenario says;
+3. the watcher (``spikeops.watch``) follows the job's metrics.jsonl and fires the incident flow
+   on the anomaly; when it sees none (a false alarm), an alert fires anyway, as a noisy
+   Alertmanager rule would, and the flow must conclude that nothing is wrong;
+4. the incident flow runs against an ephemeral Prefect server whose database lives in the demo
+   directory. Each Slack message it would post (the outbox: the demo has no token) is printed
+   as it is written; an approval request is answered by the demo, as a person would in the UI;
+5. the diagnosis, what was done and where the files are, then everything is stopped (unless
+   ``keep``). The files stay for reading.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+__all__ = ["DemoOptions", "DemoResult", "SCENARIOS", "run_demo", "stop_demo", "default_seed"]
+
+#: Every cause of the diagnosis spec is a scenario; one line each for ``--list``.
+SCENARIOS: dict[str, str] = {
+    "gpu_xid": "an Xid 79 (GPU fell off the bus) on one node; the loss goes NaN (the default)",
+    "gpu_ecc": "uncorrectable ECC errors grow on one GPU, with a memory Xid",
+    "ib_link_flap": "an InfiniBand port flaps on one node (link_downed grows)",
+    "thermal_throttle": "a GPU throttles for temperature: slow, not divergent",
+    "nccl_error": "NCCL watchdog timeouts and IB completion errors; every rank jumps together",
+    "network_congestion": "pause frames and discards rise on the NICs during the spike",
+    "nccl_version_mismatch": "one node runs a different NCCL version than the rest of the job",
+    "overlong_sample": "a sample far beyond max_length in the spike step's batch",
+    "corrupted_sample": "empty samples in the spike step's batch",
+    "rng_not_restored": "after a resume the data order differs (RNG not restored); the loss creeps up",
+    "rank_data_misalignment": "one rank's loss departs from its peers, with no hardware fault",
+    "grad_explosion": "the grad norm climbs for steps before the loss spikes",
+    "lr_too_high": "the loss jumps at the LR peak and does not recover",
+    "loss_scale_collapse": "the fp16 loss scale falls by orders of magnitude",
+    "corrupted_checkpoint": "the run resumed from a checkpoint that fails its checksums",
+    "false_alarm": "an alert fires but the metrics show nothing anomalous",
+}
+
+#: The demo's loopback range; ports are picked free, so two demos can run side by side.
+FIRST_ADDRESS = "127.0.60.11"
+
+
+#: Seeds whose story is the one ``SCENARIOS`` tells at the default 8 nodes (gpu_xid: an Xid 79
+#: with a NaN; other seeds give an Xid 74 or 120 and a spike). Others use 3.
+_SEEDS = {"gpu_xid": 10}
+
+
+def default_seed(scenario: str) -> int:
+    """A fixed seed per scenario, so ``spikeops demo`` tells the same story every time."""
+    return _SEEDS.get(scenario, 3)
+
+
+@dataclass
+class DemoOptions:
+    scenario: str = "gpu_xid"
+    nodes: int = 8
+    seed: int | None = None
+    keep: bool = False
+    directory: Path | None = None
+    scheduler: str = "auto"  # auto | slurm | local
+    rate: float = 60.0
+    approval: str = "auto-hardware"
+
+
+@dataclass
+class DemoResult:
+    directory: Path
+    scheduler: str
+    fired_by: str = ""
+    anomaly: dict[str, Any] | None = None
+    diagnosis: dict[str, Any] = field(default_factory=dict)
+    outcome: dict[str, Any] = field(default_factory=dict)
+    resumed: dict[str, Any] | None = None
+    seconds: float = 0.0
+    paths: dict[str, str] = field(default_factory=dict)
+
+
+class _Printer:
+    def __init__(self, out: TextIO) -> None:
+        self.out, self.start, self.lock = out, time.monotonic(), threading.Lock()
+
+    def __call__(self, text: str) -> None:
+        with self.lock:
+            self.out.write(f"[{time.monotonic() - self.start:5.1f}s] {text}\n")
+            self.out.flush()
+
+
+def _quiet_prefect_environment(directory: Path) -> None:
+    """The ephemeral Prefect server keeps its database in the demo directory, never in the
+    user's profile, and says nothing the demo does not print itself."""
+    home = directory / "prefect"
+    home.mkdir(parents=True, exist_ok=True)
+    os.environ.update({
+        "PREFECT_HOME": str(home),
+        "PREFECT_SERVER_DATABASE_CONNECTION_URL": f"sqlite+aiosqlite:///{home / 'demo.db'}",
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "PREFECT_UI_ENABLED": "false",
+        "PREFECT_LOGGING_LEVEL": "ERROR",
+        "PREFECT_LOGGING_TO_API_ENABLED": "false",
+    })
+    os.environ.pop("PREFECT_API_URL", None)  # never the user's server: the demo brings its own
+    os.environ.pop("SLACK_BOT_TOKEN", None)  # the demo posts to the outbox, never to a real workspace
+
+
+class _PrefectServer:
+    """An ephemeral Prefect API server, started in a thread while the cluster comes up."""
+
+    def __init__(self) -> None:
+        self.server: Any = None
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._start, name="demo-prefect", daemon=True)
+        self.thread.start()
+
+    def _start(self) -> None:
+        try:
+            from prefect.server.api.server import SubprocessASGIServer
+
+            server = SubprocessASGIServer()
+            server.start(timeout=90)
+            self.server = server
+        except BaseException as exc:  # reported by ready()
+            self.error = exc
+
+    def ready(self) -> str:
+        self.thread.join()
+        if self.error is not None or self.server is None:
+            raise RuntimeError(f"the Prefect server did not start: {self.error}")
+        return self.server.api_url
+
+    def stop(self) -> None:
+        self.thread.join()
+        if self.server is not None:
+            self.server.stop()
+
+
+def _follow_outbox(path: Path, say: Callable[[str], None], stop: threading.Event) -> None:
+    """Print each Slack message the flow writes, as it is written."""
+    offset = 0
+    while True:
+        finished = stop.is_set()
+        if path.is_file():
+            with path.open("rb") as handle:
+                handle.seek(offset)
+                chunk = handle.read()
+            complete = chunk.rfind(b"\n") + 1
+            offset += complete
+            for line in chunk[:complete].splitlines():
+                try:
+                    record = json.loads(line)
+                except ValueError:
+                    continue
+                method = str(record.get("method") or "")
+                how = " (edits the first message)" if method == "chat.update" else \
+                    " (file)" if method.startswith("files") else ""
+                text = " ".join(str(record.get("text") or record.get("title") or "").split())
+                say(f"slack{how}: {text[:200]}{'...' if len(text) > 200 else ''}")
+        if finished:
+            return
+        stop.wait(0.2)
+
+
+def _approver(say: Callable[[str], None], stop: threading.Event) -> None:
+    """Answer the flow's approval page as a person would, once it pauses."""
+    from prefect import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterState, FlowRunFilterStateType
+    from prefect.flow_runs import resume_flow_run
+
+    answered: set[str] = set()
+    while not stop.wait(0.5):
+        try:
+            with get_client(sync_client=True) as client:
+                paused = client.read_flow_runs(flow_run_filter=FlowRunFilter(
+                    state=FlowRunFilterState(type=FlowRunFilterStateType(any_=["PAUSED"]))))
+            for run in paused:
+                if str(run.id) in answered:
+                    continue
+                say("approval: the flow waits for a person; the demo approves as 'demo-operator'")
+                time.sleep(1.0)  # long enough to be seen in the UI
+                resume_flow_run(run.id, run_input={"approve": True, "approver": "demo-operator",
+                                                   "note": "approved by spikeops demo"})
+                answered.add(str(run.id))
+        except Exception:  # the API may be busy; the next poll retries
+            continue
+
+
+def _watch(metrics: Path, last_step: int, say: Callable[[str], None], found: list[Any],
+           stop: threading.Event, timeout: float) -> None:
+    from spikeops.watch.detect import Detector, WatchConfig
+    from spikeops.watch.sources import follow_log, follow_metrics
+
+    detector = Detector(WatchConfig())
+    follow = follow_metrics if metrics.name.endswith(".jsonl") else follow_log
+    for record in follow(metrics, from_start=True, stop=stop.is_set, timeout=timeout, poll_s=0.1):
+        anomaly = detector.feed(record)
+        if anomaly is not None:
+            found.append(anomaly)
+            return
+        if detector.last_step is not None and detector.last_step >= last_step:
+            return
+
+
+def _last_step(scenario: Path) -> int:
+    """The last step the job will log: the watcher stops there."""
+    from spikeops.probes.training_log import parse, parse_metrics_jsonl
+
+    metrics = scenario / "metrics.jsonl"
+    log = parse_metrics_jsonl(metrics.read_text(errors="replace")) if metrics.is_file() else \
+        parse((scenario / "train.log").read_text(errors="replace"))
+    return max((r.step for r in log.records if r.step is not None), default=-1)
+
+
+def _slurm_available() -> bool:
+    return os.geteuid() == 0 and all(shutil.which(name) for name in ("slurmctld", "slurmd", "munged", "sbatch"))
+
+
+def run_demo(options: DemoOptions, out: TextIO = sys.stdout) -> DemoResult:
+    from spikeops.sim import CAUSES
+    from spikeops.sim import cluster as simcluster
+    from spikeops.sim.trainjob import lay_checkpoints, seed_baselines
+
+    from spikeops.errors import InputError
+
+    if options.scenario not in CAUSES:
+        raise InputError(f"unknown scenario {options.scenario!r}; `spikeops demo --list` shows them")
+    if not 2 <= options.nodes <= 64:
+        raise InputError("--nodes: between 2 and 64")
+    say = _Printer(out)
+    directory = Path(options.directory or tempfile.mkdtemp(prefix="spikeops-demo-")).resolve()
+    directory.mkdir(parents=True, exist_ok=True)
+    seed = options.seed if options.seed is not None else default_seed(options.scenario)
+    use_slurm = options.scheduler == "slurm" or (options.scheduler == "auto" and _slurm_available())
+    result = DemoResult(directory=directory, scheduler="slurm" if use_slurm else "local")
+    say(f"spikeops demo: scenario {options.scenario} ({SCENARIOS.get(options.scenario, '')}), "
+        f"{options.nodes} nodes, in {directory}")
+    _quiet_prefect_environment(directory)
+    prefect_server = _PrefectServer()
+    stop = threading.Event()
+    with ExitStack() as stack:
+        stack.callback(prefect_server.stop)
+        port = simcluster.free_port((FIRST_ADDRESS,))
+        cluster = simcluster.up(directory / "cluster", nodes=options.nodes, scenario=options.scenario, seed=seed,
+                                port=port, first_address=FIRST_ADDRESS)
+        if not options.keep:
+            stack.callback(simcluster.down, directory / "cluster")
+        say(f"cluster: {len(cluster.nodes)} nodes, each a real sshd on loopback "
+            f"({FIRST_ADDRESS} and up, port {port}), strict host keys")
+        scenario = cluster.scenario_bundle
+        checkpoints = lay_checkpoints(directory / "ckpt", scenario)
+        say(f"checkpoints: {len(checkpoints)} with manifests under {directory / 'ckpt'}")
+        seeded = seed_baselines(directory / "baselines", scenario)
+        say(f"baselines: {len(seeded)} nodes' counters from before the incident, in {directory / 'baselines'} "
+            "(what the scheduled refresh keeps)")
+        run_dir = directory / "run"
+        job_argv = [sys.executable, "-m", "spikeops.sim.trainjob", "--scenario", str(scenario), "--run-dir",
+                    str(run_dir), "--checkpoint-root", str(directory / "ckpt"), "--rate", str(options.rate)]
+        scheduler, job, scheduler_params = _start_job(options, directory, cluster.nodes, job_argv, stack, say,
+                                                      use_slurm)
+        if not options.keep:  # also when the demo fails half-way: no job outlives it
+            stack.callback(_stop_jobs, scheduler, use_slurm)
+        _link_job_logs(directory / "cluster", scenario, job)
+        found: list[Any] = []
+        followed = run_dir / ("metrics.jsonl" if (scenario / "metrics.jsonl").is_file() else "train.log")
+        watcher = threading.Thread(target=_watch, args=(followed, _last_step(scenario), say, found, stop, 120.0),
+                                   name="demo-watch", daemon=True)
+        say(f"watcher: following {followed} (NaN, robust-z spikes of loss and grad norm, "
+            "loss-scale collapse, throughput drop)")
+        watcher.start()
+        api = prefect_server.ready()
+        say(f"prefect: ephemeral server at {api} (database in {directory / 'prefect'})")
+        watcher.join()
+        if found:
+            anomaly = found[0]
+            result.fired_by = "watcher"
+            result.anomaly = {"kind": anomaly.kind, "step": anomaly.step, "detail": anomaly.detail}
+            say(f"watcher: {anomaly.kind} at step {anomaly.step}: {anomaly.detail} -> starting the incident flow")
+        else:
+            result.fired_by = "alert"
+            say("watcher: no NaN, spike, loss-scale collapse or throughput drop in the metrics; the scenario's "
+                "alert fires anyway, as an Alertmanager rule would -> starting the incident flow")
+        result.outcome = _run_flow(options, directory, cluster, job, run_dir, scheduler_params, result, say, api,
+                                   stack)
+        result.diagnosis = json.loads((Path(result.outcome["bundle"]) / "diagnosis.json").read_text())
+        result.resumed = _resumed_run(run_dir, result.outcome)
+        _summarise(result, say)
+        if options.keep:
+            say(f"--keep: the cluster and jobs stay up; stop them with: spikeops demo --stop {directory}")
+    stop.set()
+    result.seconds = time.monotonic() - say.start
+    if not options.keep:
+        say(f"stopped everything (cluster, scheduler, jobs, Prefect server) in {result.seconds:.1f} s total; "
+            f"the files stay in {directory}")
+    return result
+
+
+def _start_job(options: DemoOptions, directory: Path, nodes: list[str], argv: list[str], stack: ExitStack,
+               say: Callable[[str], None], use_slurm: bool) -> tuple[Any, str, dict[str, Any]]:
+    if use_slurm:
+        from spikeops.schedulers import SlurmScheduler
+        from spikeops.schedulers.base import LocalRunner
+        from spikeops.sim import slurmcluster
+
+        names = list(nodes) + ["spare-001"]
+        slurm = slurmcluster.up(directory / "slurm", names=names)
+        if not options.keep:
+            stack.callback(slurmcluster.down, directory / "slurm")
+        os.environ.update(slurm.env)
+        scheduler = SlurmScheduler(LocalRunner())
+        script = directory / "job.sh"
+        script.write_text("#!/bin/sh\nexec " + " ".join(_quote(a) for a in argv) + "\n")
+        import subprocess
+
+        submitted = subprocess.run(["sbatch", "--parsable", "-N", str(len(nodes)), "-w", ",".join(nodes),
+                                    "--job-name=demo-train", f"--chdir={directory}",
+                                    f"--output={directory / 'slurm-%j.out'}", str(script)],
+                                   capture_output=True, text=True, env=dict(os.environ), timeout=30)
+        if submitted.returncode != 0:
+            raise RuntimeError(f"sbatch: {submitted.stderr.strip()}")
+        job = submitted.stdout.strip().split(";")[0]
+        say(f"scheduler: real Slurm (slurmctld + {len(names)} slurmd); training job {job} on "
+            f"{len(nodes)} nodes, one spare")
+        return scheduler, job, {"scheduler": "slurm"}
+    from spikeops.schedulers import LocalScheduler
+
+    scheduler = LocalScheduler(directory / "sched")
+    scheduler.add_nodes(list(nodes) + ["spare-001"])
+    job = scheduler.submit(argv, nodes, cwd=str(directory))
+    say(f"scheduler: local processes (Slurm is not installed here); training job {job} on {len(nodes)} nodes, "
+        "one spare")
+    return scheduler, job, {"scheduler": "local", "scheduler_state_dir": str(directory / "sched")}
+
+
+def _link_job_logs(cluster_dir: Path, scenario: Path, job: str) -> None:
+    """The nodes keep the scenario's job logs (NCCL, training) under its own job id; the
+    demo's job has another id, so its log directory on the nodes is a link to them."""
+    original = str(json.loads((scenario / "incident.json").read_text())["job"]["id"])
+    target = cluster_dir / "jobs" / job
+    if original != job and (cluster_dir / "jobs" / original).is_dir() and not target.exists():
+        target.symlink_to(cluster_dir / "jobs" / original, target_is_directory=True)
+
+
+def _quote(text: str) -> str:
+    import shlex
+
+    return shlex.quote(text)
+
+
+def _run_flow(options: DemoOptions, directory: Path, cluster: Any, job: str, run_dir: Path,
+              scheduler_params: dict[str, Any], result: DemoResult, say: Callable[[str], None], api: str,
+              stack: ExitStack) -> dict[str, Any]:
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from flows.incident_response import IncidentParams, incident_response
+
+    incident = f"inc-demo-{options.scenario.replace('_', '-')}"
+    params = IncidentParams(
+        job_id=job, inventory=str(cluster.inventory), run_dir=str(run_dir),
+        checkpoint_root=str(directory / "ckpt"), incidents_dir=str(directory / "incidents"), incident_id=incident,
+        baseline_dir=str(directory / "baselines"), approval=options.approval, approval_timeout_s=120,
+        observe_steps=50, observe_timeout_s=3,
+        alert={"source": "spikeops-watch" if result.fired_by == "watcher" else "alertmanager",
+               "received": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+               "payload": {"scenario": options.scenario, **(result.anomaly or {})}},
+        **scheduler_params,
+    )
+    bundle = directory / "incidents" / incident
+    stop = threading.Event()
+    printer = threading.Thread(target=_follow_outbox, args=(bundle / "outbox.jsonl", say, stop), daemon=True)
+    approver_stop = threading.Event()
+    with temporary_settings(updates={PREFECT_API_URL: api}):
+        approver = threading.Thread(target=_approver, args=(say, approver_stop), daemon=True)
+        printer.start()
+        approver.start()
+        try:
+            outcome = incident_response(params)
+        finally:
+            approver_stop.set()
+            stop.set()
+            printer.join(5)
+    return outcome
+
+
+def _resumed_run(run_dir: Path, outcome: dict[str, Any]) -> dict[str, Any] | None:
+    if (outcome.get("resumed") or {}).get("outcome") != "done":
+        return None
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        try:
+            return json.loads((run_dir / "resumed.json").read_text())
+        except (OSError, ValueError):
+            time.sleep(0.1)
+    return None
+
+
+def _summarise(result: DemoResult, say: Callable[[str], None]) -> None:
+    from spikeops.inventory import fold_nodes
+
+    diagnosis, outcome = result.diagnosis, result.outcome
+    primary = diagnosis.get("primary") or {}
+    say(f"DIAGNOSIS: {primary.get('cause')} ({primary.get('layer')} layer, confidence {primary.get('confidence')}); "
+        f"symptom {diagnosis.get('symptom')}, spike step {diagnosis.get('spike_step')}, "
+        f"onset step {diagnosis.get('onset_step')}")
+    culprits = diagnosis.get("culprit_nodes") or []
+    say(f"  culprit nodes: {fold_nodes(culprits) if culprits else 'none'}")
+    for finding in (diagnosis.get("findings") or [])[:1]:
+        say(f"  why: {finding.get('summary')}")
+        for evidence in (finding.get("evidence") or [])[:3]:
+            say(f"    {evidence.get('file')}:{evidence.get('line')}: {str(evidence.get('text'))[:120]}")
+    for ruled in (diagnosis.get("ruled_out") or [])[:2]:
+        say(f"  ruled out ({ruled.get('layer')}): {ruled.get('why')}")
+    acted = [a for a in outcome.get("actions") or [] if a.get("outcome") in ("done", "dry-run")]
+    say("DONE: " + ("; ".join(f"{a['action']} {a['target']}: {a.get('detail') or a['outcome']}" for a in acted)
+                    if acted else "nothing changed on the cluster"))
+    say(f"  outcome: {outcome.get('summary')}")
+    if result.resumed:
+        say(f"  resumed run: from {result.resumed.get('checkpoint')} on {result.resumed.get('nodes')}; "
+            f"remediation: {result.resumed.get('remediation')}")
+    bundle = Path(outcome["bundle"])
+    result.paths = {name: str(bundle / name) for name in ("report.md", "report.html", "plot.png", "outbox.jsonl",
+                                                          "diagnosis.json") if (bundle / name).exists()}
+    say(f"FILES: bundle {bundle}")
+    for name, path in result.paths.items():
+        say(f"  {name:<14} {path}")
+
+
+def _stop_jobs(scheduler: Any, use_slurm: bool) -> None:
+    """Every job the demo's scheduler still runs (the resumed one included)."""
+    if use_slurm:
+        return  # slurmcluster.down stops slurmd, and with it every job step
+    for job in scheduler.jobs():
+        if job.state == "RUNNING":
+            scheduler.stop(job.job_id, grace=0.5)
+
+
+def stop_demo(directory: str | Path) -> list[str]:
+    """Stop what a ``--keep`` demo left running in ``directory``; what was stopped."""
+    from spikeops.schedulers import LocalScheduler
+    from spikeops.sim import cluster as simcluster
+
+    from spikeops.errors import InputError
+
+    root = Path(directory)
+    if not (root / "cluster").is_dir():
+        raise InputError(f"{root}: not a spikeops demo directory")
+    stopped = []
+    if (root / "sched").is_dir():
+        scheduler = LocalScheduler(root / "sched")
+        for job in scheduler.jobs():
+            if job.state == "RUNNING":
+                scheduler.stop(job.job_id, grace=0.5)
+                stopped.append(f"job {job.job_id}")
+    if (root / "slurm").is_dir():
+        from spikeops.sim import slurmcluster
+
+        slurmcluster.down(root / "slurm")
+        stopped.append("slurm")
+    simcluster.down(root / "cluster")
+    stopped.append("cluster")
+    return stopped

@@ -1,0 +1,108 @@
+"""`spikeops demo` as a newcomer runs it: a subprocess that builds the world, lets the watcher
+fire the incident flow on an ephemeral Prefect server, prints the story and stops
+everything. Three scenarios: a hardware fault, a data fault and a false alarm."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from flows.demo import default_seed
+from spikeops.sim import build_bundle
+
+BIN = Path(sys.executable).parent
+
+
+def _leftovers(directory: Path) -> list[str]:
+    """Processes that still mention the demo directory (sshd, jobs, the Prefect server)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            text = (entry / "cmdline").read_bytes() + (entry / "environ").read_bytes()
+        except OSError:
+            continue
+        if str(directory).encode() in text:
+            found.append(f"{entry.name}: {(entry / 'cmdline').read_bytes()[:120]!r}")
+    return found
+
+
+def _demo(tmp_path: Path, scenario: str, *extra: str) -> tuple[str, Path]:
+    directory = tmp_path / "demo"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "SLACK_"))}
+    done = subprocess.run([str(BIN / "spikeops"), "demo", "--scenario", scenario, "--dir", str(directory), *extra],
+                          capture_output=True, text=True, timeout=240, env=env)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return done.stdout, directory
+
+
+def _expected(tmp_path: Path, scenario: str):
+    return build_bundle(tmp_path / "expected", scenario, seed=default_seed(scenario), nodes=8)
+
+
+def _line(stdout: str, prefix: str) -> str:
+    return next(line for line in stdout.splitlines() if line.split("] ", 1)[-1].startswith(prefix))
+
+
+def test_hardware_demo_drains_the_culprit_and_resumes(tmp_path: Path) -> None:
+    stdout, directory = _demo(tmp_path, "gpu_xid")
+    expected = _expected(tmp_path, "gpu_xid")
+    assert "watcher: nan at step" in stdout
+    diagnosis = _line(stdout, "DIAGNOSIS:")
+    assert "gpu_xid (hardware layer" in diagnosis and "instant_nan" in diagnosis
+    culprit = expected.culprit_nodes[0]
+    assert _line(stdout, "  culprit nodes:").endswith(culprit)
+    done = _line(stdout, "DONE:")
+    assert f"drain {culprit}: drained" in done and "resubmitted" in done
+    resumed = _line(stdout, "  resumed run:")
+    assert "global_step" in resumed and culprit not in resumed.split(" on ", 1)[1]
+    bundle = directory / "incidents" / "inc-demo-gpu-xid"
+    for name in ("report.md", "report.html", "plot.png", "outbox.jsonl"):
+        assert f"{name}" in stdout and (bundle / name).is_file()
+    slack = (bundle / "outbox.jsonl").read_text().splitlines()
+    printed = [line for line in stdout.splitlines() if line.split("] ", 1)[-1].startswith("slack")]
+    assert len(printed) == len(slack) >= 6  # every message, as it was written
+    assert json.loads((bundle / "diagnosis.json").read_text())["culprit_nodes"] == [culprit]
+    assert _leftovers(directory) == []
+
+
+def test_data_demo_names_the_sample_and_drains_nothing(tmp_path: Path) -> None:
+    stdout, directory = _demo(tmp_path, "overlong_sample", "--scheduler", "local")
+    expected = _expected(tmp_path, "overlong_sample")
+    diagnosis = _line(stdout, "DIAGNOSIS:")
+    assert "overlong_sample (data layer" in diagnosis and expected.symptom in diagnosis
+    assert _line(stdout, "  culprit nodes:").endswith("none")
+    assert "drain" not in _line(stdout, "DONE:")
+    if expected.symptom == "instant_nan":  # stopped, then resumed with the batch skipped
+        assert "skipping step(s)" in _line(stdout, "  resumed run:")
+    assert _leftovers(directory) == []
+
+
+def test_false_alarm_demo_changes_nothing(tmp_path: Path) -> None:
+    stdout, directory = _demo(tmp_path, "false_alarm", "--scheduler", "local")
+    assert "watcher: no NaN, spike, loss-scale collapse or throughput drop" in stdout
+    assert "false_alarm (none layer" in _line(stdout, "DIAGNOSIS:")
+    assert _line(stdout, "DONE:").endswith("nothing changed on the cluster")
+    assert _leftovers(directory) == []
+
+
+def test_demo_bad_input_is_one_line(tmp_path: Path) -> None:
+    from spikeops.cli import main
+
+    for argv in (["demo", "--scenario", "no_such"], ["demo", "--nodes", "1"], ["demo", "--stop", str(tmp_path)]):
+        done = subprocess.run([str(BIN / "spikeops"), *argv], capture_output=True, text=True, timeout=60)
+        assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, (argv, done.stderr)
+    import io
+
+    out = io.StringIO()
+    assert main(["demo", "--list"], out=out) == 0
+    listed = [line.split()[0] for line in out.getvalue().splitlines()]
+    from spikeops.vocabulary import LAYER_OF
+
+    assert sorted(listed) == sorted(LAYER_OF)  # every cause of the spec is a scenario
