@@ -1191,3 +1191,55 @@ REMOTE = register_remote(RemoteProbe(
     name="train", filename="train.log", command="cat {files}",
     kind="training-log", order=80, max_bytes=64 << 20, keep="tail", needs="train_log",
 ))
+
+
+# --------------------------------------------------------------------------- following a log
+
+
+class LineReader:
+    """The line recognisers of ``parse``, one line at a time, for following a growing log
+    (``spikeops watch --log``).
+
+    ``feed(line)`` returns the step records that are complete: a record is held back until a
+    line of another step arrives, because two lines of one step (DeepSpeed's ``step=`` and
+    ``steps:`` lines, or two ranks) merge into one record, and a DeepSpeed ``OVERFLOW!`` line
+    marks the step after it. ``flush()`` releases the held record (call it when the log goes
+    quiet, or at its end). Memory stays bounded: released records are not kept. A
+    ``trainer_state.json`` document is not a log to follow; use ``parse_trainer_state``."""
+
+    def __init__(self) -> None:
+        self._builder = _Builder()
+        self._released: StepRecord | None = None
+
+    @property
+    def lines(self) -> int:
+        return self._builder.lines
+
+    @property
+    def gaps(self) -> list[Gap]:
+        """Lines that looked like steps but could not be read (bounded, as in ``parse``)."""
+        return list(self._builder.gaps)
+
+    def feed(self, line: str) -> list[StepRecord]:
+        builder = self._builder
+        builder.lines += 1
+        try:
+            _feed_line(builder, builder.lines, line.rstrip("\r\n"))
+        except Exception as exc:  # noqa: BLE001 - a reader bug must not stop the follower
+            builder.gap(f"line not read ({type(exc).__name__})", builder.lines)
+        done = []
+        while len(builder.records) > 1:
+            record = builder.records.popleft()
+            if record is not self._released:
+                done.append(record)
+        return done
+
+    def flush(self) -> list[StepRecord]:
+        records = self._builder.records
+        if not records or records[-1] is self._released:
+            return []
+        self._released = records[-1]
+        return [self._released]
+
+
+__all__ += ["LineReader"]

@@ -1,0 +1,92 @@
+"""The ``watch-job`` flow: follow one job's metrics and start the incident flow on an anomaly.
+
+It runs ``spikeops.watch`` (the detector, debounced: one incident, one start) on a
+``metrics.jsonl``, a training log or Prometheus queries, and starts the served
+``incident-response`` deployment for each incident through the receiver's own path: the
+anomaly becomes the generic alert (``spikeops.watch.fire.alert_payload``), the receiver's
+parser and idempotency key turn it into an ``Alert`` and a key, and
+``deployments.serve.prefect_starter`` maps it to the flow's parameters with
+``spikeops.toml`` and calls ``run_deployment(..., idempotency_key=key, timeout=0)``. So an
+incident found by the watcher and the same incident posted to the receiver start one run,
+and a watcher restarted over the same file starts nothing new.
+
+The starting is a task (it retries: the Prefect API may blink); the watching is the flow's
+own loop, which ends after ``max_incidents`` or ``timeout_s`` (or, with ``once``, at the end
+of what is there).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from typing import Any
+
+from prefect import flow, get_run_logger, task
+
+from deployments.serve import DEPLOYMENT_NAME
+from spikeops.config import SpikeopsConfig, load_config
+from spikeops.errors import InputError
+from spikeops.watch import Anomaly, Detector, WatchConfig, alert_payload, describe, open_source, watch
+from spikeops.watch.fire import Fire
+from spikeops.watch.sources import SourceStats
+
+__all__ = ["watch_job", "start_incident", "deployment_target"]
+
+
+def deployment_target(config: SpikeopsConfig, job: str, cluster: str | None, *,
+                      deployment: str = DEPLOYMENT_NAME, announce: bool = True) -> Fire:
+    """A firing target that starts ``deployment`` for each incident, exactly as the alert
+    receiver would for the same alert; the note is the flow run's id. The job and cluster
+    are checked against ``spikeops.toml`` now, not at the first incident."""
+    from deployments.receiver import AlertError, idempotency_key, parse_alerts
+    from deployments.serve import prefect_starter
+
+    config.flow_parameters(job, cluster)
+    start = prefect_starter(config, deployment, announce=announce)
+
+    def fire(anomaly: Anomaly) -> str | None:
+        payload = alert_payload(anomaly, job, cluster)
+        try:
+            alert = parse_alerts("generic", json.dumps(payload).encode())[0]
+        except AlertError as exc:
+            raise InputError(f"cannot make an alert of the incident: {exc}") from None
+        return f"flow run {start(alert, idempotency_key(alert))}"
+
+    return fire
+
+
+@task(name="start-incident", retries=2, retry_delay_seconds=5)
+def start_incident(anomaly: dict[str, Any], job: str, cluster: str | None, config_path: str | None,
+                   deployment: str = DEPLOYMENT_NAME, announce: bool = True) -> str | None:
+    """Start (or find, by its idempotency key) the incident flow run for one anomaly."""
+    fire = deployment_target(load_config(config_path), job, cluster, deployment=deployment, announce=announce)
+    return fire(Anomaly(**anomaly))
+
+
+@flow(name="watch-job", description="Follow a job's metrics; start incident-response on an anomaly (docs/watch.md)")
+def watch_job(job: str, cluster: str | None = None, metrics: str | None = None, log: str | None = None,
+              prometheus: str | None = None, queries: dict[str, str] | None = None, config: str | None = None,
+              from_start: bool = False, once: bool = False, max_incidents: int | None = None,
+              timeout_s: float | None = None, deployment: str = DEPLOYMENT_NAME,
+              announce: bool = True) -> list[dict[str, Any]]:
+    """Watch one job; the incidents started, each with its flow run."""
+    logger = get_run_logger()
+    spikeops_config = load_config(config)
+    settings = WatchConfig.from_table(spikeops_config.watch)
+    spikeops_config.flow_parameters(job, cluster)  # an unknown cluster fails now, not hours later
+    stats = SourceStats()
+    records = open_source(settings, metrics=metrics, log=log, prometheus=prometheus, queries=queries,
+                          from_start=from_start, once=once, timeout=timeout_s, stats=stats)
+    started: list[dict[str, Any]] = []
+
+    def fire(anomaly: Anomaly) -> str | None:
+        note = start_incident(asdict(anomaly), job, cluster, config, deployment, announce)
+        logger.info("%s -> %s", describe(anomaly), note)
+        started.append({"anomaly": asdict(anomaly), "flow_run": (note or "").removeprefix("flow run ") or None})
+        return note
+
+    detector = Detector(settings)
+    watch(records, detector, fire, max_incidents=max_incidents)
+    logger.info("watched %d record(s), %d incident(s), %d unreadable line(s)",
+                detector.counts["records"], len(detector.incidents), stats.bad_lines)
+    return started
