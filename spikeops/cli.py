@@ -634,8 +634,10 @@ def build_parser() -> argparse.ArgumentParser:
               "Exit status: 0 done or nothing to do, 1 refused for safety (the reason is printed), "
               "2 bad input or a scheduler error.")
     from spikeops.baselines import add_baselines_parser
+    from spikeops.watch.cli import add_parser as add_watch_parser
 
     add_baselines_parser(commands)
+    add_watch_parser(commands)
 
     demo = commands.add_parser(
         "demo", help="the whole pipeline on one machine: a cluster, a diverging job, the flow",

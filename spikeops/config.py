@@ -113,6 +113,9 @@ def load_config(path: str | Path | None = None) -> SpikeopsConfig:
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise InputError(f"{target}: not valid TOML ({exc})") from None
     unknown = set(document) - {"incidents", "receiver", "clusters", "watch"}
+    for section in ("incidents", "receiver", "clusters", "watch"):
+        if section in document and not isinstance(document[section], dict):
+            raise InputError(f"{target}: [{section}] must be a table")
     if unknown:
         raise InputError(f"{target}: unknown section {sorted(unknown)[0]!r}")
     clusters = {}
