@@ -1,7 +1,7 @@
 """Serving the incident flow, the scheduled baseline refresh and the alert receiver (``spikeops serve``).
 
-``incident_deployment()`` is the flow as a served deployment, with a concurrency limit of one
-run at a time, so two incidents on one cluster never act on its scheduler at once.
+``incident_deployment()`` is the flow as a served deployment: up to ``DEPLOYMENT_CONCURRENCY``
+incidents run at once, but never two of one job (the flow holds a per-job concurrency limit).
 ``prefect_starter`` is what the receiver calls for a firing alert:
 - it maps the alert's labels to the flow's parameters through ``spikeops.toml``;
 - it calls ``run_deployment`` with the alert's idempotency key (Prefect returns the existing
@@ -20,13 +20,16 @@ from spikeops.config import SpikeopsConfig
 __all__ = ["DEPLOYMENT_NAME", "incident_deployment", "prefect_starter", "prefect_emitter", "serve"]
 
 FLOW_NAME = "incident-response"
+#: Incidents of different jobs at once; one job's incidents are serialised inside the flow
+#: (``one_incident_per_job``), so two alerts never act on one job together.
+DEPLOYMENT_CONCURRENCY = 4
 DEPLOYMENT_NAME = f"{FLOW_NAME}/incident-response"
 
 
 def incident_deployment() -> Any:
     from flows.incident_response import incident_response
 
-    return incident_response.to_deployment(name="incident-response", concurrency_limit=1,
+    return incident_response.to_deployment(name="incident-response", concurrency_limit=DEPLOYMENT_CONCURRENCY,
                                            description="One incident end to end (docs/flow.md)")
 
 

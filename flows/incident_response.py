@@ -40,7 +40,7 @@ from tasks.checkpoints import pick_checkpoint
 from tasks.collect import collect_evidence
 from tasks.notify import report_artifact
 
-__all__ = ["IncidentParams", "Approval", "incident_response", "STAGES"]
+__all__ = ["IncidentParams", "Approval", "incident_response", "one_incident_per_job", "job_limit_name", "STAGES"]
 
 STAGES = ("protect", "collect", "diagnose", "isolate", "resume", "notify")
 _JOB = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:+-]{0,127}$")
@@ -296,10 +296,39 @@ def _tell_failure(flow: Any, flow_run: Any, state: Any) -> None:
 
 @flow(name="incident-response", log_prints=True, on_failure=[_tell_failure], on_crashed=[_tell_failure])
 def incident_response(params: IncidentParams) -> dict[str, Any]:
-    """One incident, end to end. Returns what was found and done."""
+    """One incident, end to end. Returns what was found and done. Incidents of one job wait
+    for each other (a per-job concurrency limit); incidents of different jobs run side by side."""
+    logger = get_run_logger()
+    with one_incident_per_job(params.job_id, timeout_s=params.approval_timeout_s + 3600):
+        return _respond(params, logger)
+
+
+def job_limit_name(job_id: str) -> str:
+    """The global concurrency limit that serialises one job's incidents."""
+    return f"spikeops-job-{job_id}"
+
+
+def one_incident_per_job(job_id: str, timeout_s: float) -> Any:
+    """A slot of the job's own concurrency limit (created at 1 on first use): a second alert
+    about the same job, under another idempotency key, waits for the first incident to end
+    instead of stopping, draining and resubmitting beside it."""
+    from prefect import get_client
+    from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
+    from prefect.concurrency.sync import concurrency
+    from prefect.exceptions import ObjectAlreadyExists
+
+    name = job_limit_name(job_id)
+    with get_client(sync_client=True) as client:
+        try:
+            client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=name, limit=1))
+        except ObjectAlreadyExists:
+            pass
+    return concurrency(name, occupy=1, timeout_seconds=timeout_s, strict=True)
+
+
+def _respond(params: IncidentParams, logger: Any) -> dict[str, Any]:
     from spikeops.notify import SlackNotifier
 
-    logger = get_run_logger()
     incident, bundle = open_incident(params)
     notifier = None if "notify" in params.skip else SlackNotifier(bundle, channel=params.slack_channel)
     incident_doc = json.loads((Path(bundle) / "incident.json").read_text())

@@ -200,3 +200,32 @@ def test_a_data_nan_resumes_with_its_batches_skipped(world, prefect_server: None
     texts = " | ".join(m.text for m in slack.messages)
     assert "remediation: skip the batches of step" in texts, texts
     scheduler.stop(new.job_id, grace=0.5)
+
+
+def test_incidents_of_one_job_wait_for_each_other(prefect_server: None) -> None:
+    """The per-job limit: a second incident of the same job waits; another job's does not."""
+    import threading
+
+    from flows.incident_response import one_incident_per_job
+
+    held, release = threading.Event(), threading.Event()
+
+    def first() -> None:
+        with one_incident_per_job("77001", timeout_s=30):
+            held.set()
+            release.wait(30)
+
+    holder = threading.Thread(target=first)
+    holder.start()
+    try:
+        assert held.wait(30)
+        with pytest.raises(TimeoutError):
+            with one_incident_per_job("77001", timeout_s=2):
+                pass
+        with one_incident_per_job("77002", timeout_s=5):  # another job: at once
+            pass
+    finally:
+        release.set()
+        holder.join(30)
+    with one_incident_per_job("77001", timeout_s=10):  # free again once the first ended
+        pass
