@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import sys
 import tempfile
@@ -325,7 +326,7 @@ def _start_job(options: DemoOptions, directory: Path, nodes: list[str], argv: li
         os.environ.update(slurm.env)
         scheduler = SlurmScheduler(LocalRunner())
         script = directory / "job.sh"
-        script.write_text("#!/bin/sh\nexec " + " ".join(_quote(a) for a in argv) + "\n")
+        script.write_text("#!/bin/sh\nexec " + shlex.join(argv) + "\n")
         import subprocess
 
         submitted = subprocess.run(["sbatch", "--parsable", "-N", str(len(nodes)), "-w", ",".join(nodes),
@@ -355,12 +356,6 @@ def _link_job_logs(cluster_dir: Path, scenario: Path, job: str) -> None:
     target = cluster_dir / "jobs" / job
     if original != job and (cluster_dir / "jobs" / original).is_dir() and not target.exists():
         target.symlink_to(cluster_dir / "jobs" / original, target_is_directory=True)
-
-
-def _quote(text: str) -> str:
-    import shlex
-
-    return shlex.quote(text)
 
 
 def _run_flow(options: DemoOptions, directory: Path, cluster: Any, job: str, run_dir: Path,

@@ -11,21 +11,18 @@ from pathlib import Path
 
 import pytest
 
-from spikeops.checkpoints import write_manifest
 from spikeops.schedulers import LocalScheduler
 from spikeops.sim import cluster as simcluster
 from spikeops.sim.slack import SlackServer
+from spikeops.sim.trainjob import lay_checkpoints
 
 TOKEN = "xoxb-flow-test-token-000000"
 
 
 def _checkpoints(root: Path, scenario: Path) -> None:
-    """Real checkpoint directories (with manifests) at the scenario's checkpoint steps."""
-    for entry in json.loads((scenario / "checkpoints.json").read_text()):
-        folder = root / f"global_step{entry['step']}"
-        (folder / "mp_rank_00").mkdir(parents=True)
-        (folder / "mp_rank_00" / "model_optim_rng.pt").write_bytes(b"w" * 4096 + str(entry["step"]).encode())
-        write_manifest(folder, step=entry["step"])
+    """Real checkpoint directories (with manifests) at the scenario's checkpoint steps; the
+    ones the scenario marks unverified are really damaged."""
+    lay_checkpoints(root, scenario)
 
 
 @pytest.fixture(params=[("gpu_xid", 5)])
