@@ -37,7 +37,7 @@ ENV_DATA_FILTER = "SPIKEOPS_DATA_FILTER"
 _ALLOWED_FOREIGN = {"NCCL_DEBUG", "NCCL_DEBUG_SUBSYS", "NCCL_DEBUG_FILE", "TORCH_DISTRIBUTED_DEBUG",
                     "TORCH_NCCL_ASYNC_ERROR_HANDLING"}
 _NAME = re.compile(r"^[A-Z_][A-Z0-9_]{0,63}$")
-_VALUE = re.compile(r"^[A-Za-z0-9_.:/+@%=-]{0,256}$")
+_VALUE = re.compile(r"^[A-Za-z0-9_.:/+@%=-]{0,4096}$")
 
 #: Actions a person must carry out; said in the thread, never done automatically.
 _FOR_A_PERSON = {

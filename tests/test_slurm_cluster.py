@@ -257,6 +257,21 @@ def test_a_cluster_of_named_nodes(tmp_path):
         assert NodeSet(wait_state(named, job_id, "RUNNING")["NodeList"]) == NodeSet("gpu-017,c04-n10")
 
 
+def test_a_cluster_in_a_deep_directory_still_runs_jobs(tmp_path):
+    """slurmstepd's socket lives in the spool (SPOOL/NODE/NODE_JOB.STEP): under a long
+    directory (pytest's own temp paths are) it would outgrow sun_path and no job would start,
+    so the spool is reached through a short link instead."""
+    _require_slurm()
+    deep = tmp_path / "slurm"
+    names = ["a-long-node-name-0001", "a-long-node-name-0002"]
+    assert len(str(deep / "spool")) + 2 * len(names[0]) + len("//_1.4294967291") > 107  # too deep without the link
+    with running(deep, names=names) as cluster:
+        spool = next(line for line in cluster.conf.read_text().splitlines() if line.startswith("SlurmdSpoolDir="))
+        assert len(spool) < len(f"SlurmdSpoolDir={deep}/spool/%n")
+        job_id = submit(cluster, "-N", "2", "-o", "/dev/null", "--wrap", "sleep 30")
+        assert len(NodeSet(wait_state(cluster, job_id, "RUNNING")["NodeList"])) == 2
+
+
 def test_up_on_a_running_directory_fails_and_leaves_it_running(slurm):
     with pytest.raises(ClusterError, match="already running"):
         up(slurm.directory)

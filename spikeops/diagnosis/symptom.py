@@ -29,19 +29,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from spikeops.thresholds import MIN_HISTORY, REL_SPIKE, SHORT_HISTORY, WINDOW, Z_SPIKE
+
 __all__ = ["SymptomResult", "classify", "throughput_drop", "Z_SPIKE", "REL_SPIKE", "MIN_HISTORY", "SHORT_HISTORY", "WINDOW"]
 
-#: A spike is this many noise units above the running level...
-Z_SPIKE = 6.0
-#: ...and at least this fraction of the level (noise-free synthetic curves have tiny noise).
-REL_SPIKE = 0.10
-#: Steps of history before a step can be judged. Short excerpts (a log tail pasted into a
-#: ticket) must still be judged, so two will do; until five, the noise scale is floored at
-#: 1 % of the level, because one or two differences say little about the noise.
-MIN_HISTORY = 2
-SHORT_HISTORY = 5
-#: Trailing window of the running level, in logged steps.
-WINDOW = 50
 
 
 @dataclass

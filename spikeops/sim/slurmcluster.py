@@ -21,7 +21,8 @@ Layout of D (all written by ``up``)::
     log/     munged.log  slurmctld.log  slurmd-<node>.log
 
 Clients need only ``SLURM_CONF=D/slurm.conf`` (``SlurmCluster.env``): the munge socket is
-named in slurm.conf (``AuthInfo``). Nothing outside D is written and no port is fixed
+named in slurm.conf (``AuthInfo``). Nothing outside D is written (but for a link to D's spool
+in the temp directory when D is too deep for a job step's socket path) and no port is fixed
 (``up`` takes a block of free ports below Linux's ephemeral range), so clusters in
 different directories run side by side (tests in parallel with a demo).
 
@@ -75,6 +76,7 @@ __all__ = [
     "running",
     "status",
     "slurm_conf",
+    "spool_directory",
     "node_names",
     "check_names",
     "free_ports",
@@ -181,7 +183,29 @@ def _binary(name: str) -> str:
     return found
 
 
-def slurm_conf(root: Path, nodes: Sequence[str], *, ctld_port: int, node_ports: Sequence[int], cpus: int) -> str:
+def spool_directory(root: Path, nodes: Sequence[str]) -> Path:
+    """Where slurm.conf puts the slurmd spools: ``root/spool``, unless a job step's socket
+    there (``SPOOL/NODE/NODE_JOB.STEP``) could outgrow sun_path; then a short, stable alias
+    in the temp directory that links to it (slurmstepd would die with "Unix socket name
+    exceeded maximum length" and the job would never start)."""
+    spool = root / "spool"
+    longest = max((len(node) for node in nodes), default=1)
+    if len(str(spool)) + 2 * longest + len("//_9999999.4294967291") <= _MAX_SOCKET:
+        return spool
+    import hashlib
+    import tempfile
+
+    alias = Path(tempfile.gettempdir()) / f"spikeops-slurm-{hashlib.sha256(str(root).encode()).hexdigest()[:12]}"
+    if alias.is_symlink():
+        alias.unlink()
+    elif alias.exists():
+        raise ClusterError(f"{alias} exists and is not the spool link of {root}")
+    alias.symlink_to(spool, target_is_directory=True)
+    return alias
+
+
+def slurm_conf(root: Path, nodes: Sequence[str], *, ctld_port: int, node_ports: Sequence[int], cpus: int,
+               spool: Path | None = None) -> str:
     """The ``slurm.conf`` of the cluster in ``root``.
 
     Everything a daemon writes is under ``root`` (state, spools, pid files, logs), the munge
@@ -205,7 +229,7 @@ def slurm_conf(root: Path, nodes: Sequence[str], *, ctld_port: int, node_ports: 
         f"AuthInfo=socket={root}/munge/munge.socket.2",
         "CredType=cred/munge",
         f"StateSaveLocation={root}/state",
-        f"SlurmdSpoolDir={root}/spool/%n",
+        f"SlurmdSpoolDir={spool or root / 'spool'}/%n",
         f"SlurmctldPidFile={root}/run/slurmctld.pid",
         f"SlurmdPidFile={root}/run/slurmd-%n.pid",
         f"SlurmctldLogFile={root}/log/slurmctld.log",
@@ -452,8 +476,8 @@ def up(directory: str | Path, *, nodes: int | None = None, prefix: str = "node",
         key = root / "munge" / "munge.key"
         key.write_bytes(os.urandom(1024))
         key.chmod(0o400)
-        cluster.conf.write_text(slurm_conf(root, names, ctld_port=port, node_ports=node_ports, cpus=cpus),
-                                encoding="utf-8")
+        cluster.conf.write_text(slurm_conf(root, names, ctld_port=port, node_ports=node_ports, cpus=cpus,
+                                           spool=spool_directory(root, names)), encoding="utf-8")
         extra: dict[str, Any] = {"node_ports": dict(zip(names, node_ports, strict=True)), "cpus": cpus, "pids": {}}
         _save(cluster, extra)  # before any process starts: down finds a half-started cluster
         try:

@@ -51,7 +51,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from spikeops.diagnosis.symptom import REL_SPIKE, SHORT_HISTORY, WINDOW, Z_SPIKE
+from spikeops.thresholds import REL_SPIKE, SHORT_HISTORY, WINDOW, Z_SPIKE
 from spikeops.errors import InputError
 from spikeops.probes.bundle_files import read_float
 from spikeops.timeparse import iso, parse_any
