@@ -46,7 +46,8 @@ _FOR_A_PERSON = {
     "check_fabric": "check the fabric of {nodes} (switch ports, cables, congestion control)",
     "align_nccl_version": "install one NCCL version on every node ({nodes} differ)",
     "check_cooling": "check the cooling and power capping of {nodes}",
-    "quarantine_checkpoint": "a checkpoint failed its checksums and is quarantined: {path}",
+    "quarantine_checkpoint": "find out what wrote the checkpoint that failed its checksums ({path}); "
+                             "the flow marks it quarantined",
 }
 
 
