@@ -46,6 +46,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/bench_checkpoint.py
 	$(BIN)/python bench/bench_train_logger.py
 	$(BIN)/python bench/bench_incident.py
+	$(BIN)/python bench/bench_demo.py
 
 example: $(STAMP)
 	$(BIN)/python examples/build_example.py
