@@ -217,9 +217,10 @@ def _resumed(run_dir: Path, hold: float) -> int:
     from spikeops.train import ResumeRequest
 
     request = ResumeRequest.from_env()
-    remediation = request.describe()
+    parts = [request.describe()] if request.remediated else []
     if os.environ.get("NCCL_DEBUG"):
-        remediation += f"; NCCL_DEBUG={os.environ['NCCL_DEBUG']}"
+        parts.append(f"NCCL_DEBUG={os.environ['NCCL_DEBUG']}")
+    remediation = "; ".join(parts) or "none (a plain resume)"
     record = {"checkpoint": request.checkpoint, "remediation": remediation,
               "nodes": os.environ.get("SLURM_JOB_NODELIST") or os.environ.get("SPIKEOPS_JOB_NODES"),
               "job": os.environ.get("SLURM_JOB_ID") or os.environ.get("SPIKEOPS_LOCAL_JOB"), "pid": os.getpid()}
