@@ -64,7 +64,8 @@ class IncidentParams(BaseModel):
     dry_run: bool = False
     skip: list[Literal["protect", "collect", "isolate", "resume", "notify"]] = Field(default_factory=list)
     approval: Literal["always", "auto-hardware", "never"] = Field(
-        "always", description="always ask a person; auto-approve hardware faults at >= 0.8; never isolate")
+        "always", description="always: a person approves every drain and every resume; auto-hardware: drains for "
+        "a hardware fault at confidence >= 0.8 are auto-approved, others asked; never: never drain")
     approval_timeout_s: int = Field(3600, ge=1, le=7 * 86400)
     slack_channel: str | None = None
     observe_steps: int = Field(50, ge=0, le=10_000, description="after a single spike: steps to watch before deciding")
@@ -254,7 +255,9 @@ def resume(params: IncidentParams, bundle: str, incident: str, checkpoint: str, 
     return scheduler.resume(params.job_id, checkpoint, exclude=exclude, env=env or {}, **extra).to_json()
 
 
-def _approved(params: IncidentParams, diagnosis: dict[str, Any], notifier: Any, logger: Any) -> tuple[bool, str]:
+def _approved(params: IncidentParams, diagnosis: dict[str, Any], notifier: Any, logger: Any,
+              what: str) -> tuple[bool, str]:
+    """Whether a person (or the policy) approves ``what``; silence is a no."""
     from prefect.flow_runs import pause_flow_run
 
     primary = diagnosis.get("primary") or {}
@@ -264,8 +267,7 @@ def _approved(params: IncidentParams, diagnosis: dict[str, Any], notifier: Any, 
             and float(primary.get("confidence") or 0) >= 0.8:
         return True, f"policy: auto-approved ({primary.get('cause')}, confidence {primary.get('confidence')})"
     if notifier is not None:
-        notifier.stage("approval", "Waiting for approval to drain "
-                       f"{', '.join(diagnosis.get('culprit_nodes') or [])} and resume (see the flow run's resume page)")
+        notifier.stage("approval", f"Waiting for approval to {what} (see the flow run's resume page)")
     logger.info("waiting up to %s s for approval", params.approval_timeout_s)
     try:
         answer = pause_flow_run(wait_for_input=Approval, timeout=params.approval_timeout_s)
@@ -383,10 +385,18 @@ def _respond(params: IncidentParams, logger: Any) -> dict[str, Any]:
     resume_from = diagnosis.get("resume_from")
     approved, why = (False, "")
     if culprits and "isolate" not in params.skip:
-        approved, why = _approved(params, diagnosis, notifier, logger)
+        approved, why = _approved(params, diagnosis, notifier, logger,
+                                  f"drain {', '.join(culprits)} and resume without them")
         outcome["approval"] = why
         if not approved and notifier:
             notifier.stage("isolate", f"not isolated: {why}")
+    # approval=always gates every action, the resume of a job with no culprit included
+    resume_gated = (not culprits and params.approval == "always" and stopped and bool(resume_from)
+                    and "resume" not in params.skip)
+    if resume_gated:
+        approved, why = _approved(params, diagnosis, notifier, logger,
+                                  f"resume from {resume_from['path']} ({plan.describe()})")
+        outcome["approval"] = why
     try:
         # Isolation and the resume that depends on it succeed or fail together: if the job
         # cannot be resumed without the drained nodes, the drain is rolled back.
@@ -407,7 +417,9 @@ def _respond(params: IncidentParams, logger: Any) -> dict[str, Any]:
                 outcome["actions"] += done
                 stopped = _stopped(done)
             if "resume" not in params.skip and stopped:
-                if resume_from and resume_from.get("path") and (not culprits or excluded):
+                if resume_gated and not approved:
+                    outcome["resumed"] = {"outcome": "not resumed", "detail": f"resume not approved: {why}"}
+                elif resume_from and resume_from.get("path") and (not culprits or excluded):
                     done = resume(params, bundle, incident, resume_from["path"], excluded, plan.env)
                     outcome["actions"].append(done)
                     outcome["resumed"] = done

@@ -94,9 +94,9 @@ def _params(world, **overrides):
     return IncidentParams(**{**base, **overrides})
 
 
-def test_isolation_waits_for_a_person_and_a_decline_changes_nothing(world, prefect_server: None) -> None:
-    """approval=always: the flow pauses with a typed input; a person declines through
-    resume_flow_run; no node is drained and the job is not resubmitted."""
+def _decline_when_paused(world, **overrides) -> tuple[dict, list[str]]:
+    """Run the flow in a thread; when it pauses for approval, a person declines through
+    resume_flow_run. The flow's outcome and the Slack texts."""
     import threading
 
     from prefect.client.orchestration import get_client
@@ -105,9 +105,10 @@ def test_isolation_waits_for_a_person_and_a_decline_changes_nothing(world, prefe
 
     from flows.incident_response import incident_response
 
-    _, slack, scheduler, job, _ = world
+    slack = world[1]
     result: dict = {}
-    runner = threading.Thread(target=lambda: result.update(incident_response(_params(world, approval_timeout_s=120))))
+    runner = threading.Thread(target=lambda: result.update(incident_response(
+        _params(world, approval_timeout_s=120, **overrides))))
     runner.start()
     paused = None
     deadline = time.monotonic() + 90
@@ -118,13 +119,33 @@ def test_isolation_waits_for_a_person_and_a_decline_changes_nothing(world, prefe
             paused = runs[0] if runs else None
             time.sleep(0.5)
     assert paused is not None, f"the flow never paused for approval (it returned {result})"
-    assert any("Waiting for approval" in m.text for m in slack.messages)
     resume_flow_run(paused.id, run_input={"approve": False, "approver": "alice", "note": "false positive?"})
     runner.join(120)
+    return result, [m.text for m in slack.messages]
+
+
+def test_isolation_waits_for_a_person_and_a_decline_changes_nothing(world, prefect_server: None) -> None:
+    """approval=always: the flow pauses with a typed input; a person declines through
+    resume_flow_run; no node is drained and the job is not resubmitted."""
+    scheduler = world[2]
+    result, texts = _decline_when_paused(world)
+    assert any("Waiting for approval to drain" in text for text in texts)
     assert result["approval"] == "declined by alice"
     assert scheduler.drained() == []
     assert result["resumed"]["outcome"] == "not resumed"
     assert len(scheduler.jobs()) == 1
+
+
+@pytest.mark.parametrize("world", [("overlong_sample", 3)], indirect=True)
+def test_always_means_a_resume_without_culprits_waits_for_a_person_too(world, prefect_server: None) -> None:
+    """approval=always gates every action: a data NaN (no node to drain) is stopped, but its
+    resume waits for a person, and a decline leaves the job stopped and nothing resubmitted."""
+    scheduler, job = world[2], world[3]
+    result, texts = _decline_when_paused(world, incident_id="inc-flow-gate")
+    assert any("Waiting for approval to resume from" in text and "skip the batches" in text for text in texts)
+    assert result["resumed"] == {"outcome": "not resumed", "detail": "resume not approved: declined by alice"}
+    assert scheduler.show_job(job).state != "RUNNING" and len(scheduler.jobs()) == 1
+    assert any("Not resumed automatically" in text for text in texts)
 
 
 @pytest.mark.parametrize("world", [("false_alarm", 5)], indirect=True)
