@@ -270,6 +270,9 @@ def test_a_cluster_in_a_deep_directory_still_runs_jobs(tmp_path):
         assert len(spool) < len(f"SlurmdSpoolDir={deep}/spool/%n")
         job_id = submit(cluster, "-N", "2", "-o", "/dev/null", "--wrap", "sleep 30")
         assert len(NodeSet(wait_state(cluster, job_id, "RUNNING")["NodeList"])) == 2
+        link = Path(spool.split("=", 1)[1].removesuffix("/%n"))
+        assert link.is_symlink()
+    assert not link.exists() and not link.is_symlink()  # down took the link away
 
 
 def test_up_on_a_running_directory_fails_and_leaves_it_running(slurm):

@@ -22,7 +22,8 @@ Layout of D (all written by ``up``)::
 
 Clients need only ``SLURM_CONF=D/slurm.conf`` (``SlurmCluster.env``): the munge socket is
 named in slurm.conf (``AuthInfo``). Nothing outside D is written (but for a link to D's spool
-in the temp directory when D is too deep for a job step's socket path) and no port is fixed
+in the temp directory while the cluster runs, when D is too deep for a job step's socket
+path) and no port is fixed
 (``up`` takes a block of free ports below Linux's ephemeral range), so clusters in
 different directories run side by side (tests in parallel with a demo).
 
@@ -192,16 +193,20 @@ def spool_directory(root: Path, nodes: Sequence[str]) -> Path:
     longest = max((len(node) for node in nodes), default=1)
     if len(str(spool)) + 2 * longest + len("//_9999999.4294967291") <= _MAX_SOCKET:
         return spool
-    import hashlib
-    import tempfile
-
-    alias = Path(tempfile.gettempdir()) / f"spikeops-slurm-{hashlib.sha256(str(root).encode()).hexdigest()[:12]}"
+    alias = _spool_alias(root)
     if alias.is_symlink():
         alias.unlink()
     elif alias.exists():
         raise ClusterError(f"{alias} exists and is not the spool link of {root}")
     alias.symlink_to(spool, target_is_directory=True)
     return alias
+
+
+def _spool_alias(root: Path) -> Path:
+    import hashlib
+    import tempfile
+
+    return Path(tempfile.gettempdir()) / f"spikeops-slurm-{hashlib.sha256(str(root).encode()).hexdigest()[:12]}"
 
 
 def slurm_conf(root: Path, nodes: Sequence[str], *, ctld_port: int, node_ports: Sequence[int], cpus: int,
@@ -513,6 +518,9 @@ def down(directory: str | Path) -> None:
         except (ProcessLookupError, PermissionError):
             pass
     stop(lambda: find_processes(root), str(root))
+    alias = _spool_alias(root)
+    if alias.is_symlink() and os.readlink(alias) == str(root / "spool"):
+        alias.unlink()  # no daemon needs it now; ``up`` makes it again
 
 
 def running(directory: str | Path, **kwargs: Any) -> AbstractContextManager[SlurmCluster]:
