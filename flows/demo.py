@@ -23,7 +23,6 @@ from __future__ import annotations
 import json
 import os
 import shlex
-import shutil
 import sys
 import tempfile
 import threading
@@ -230,7 +229,9 @@ def _last_step(scenario: Path) -> int:
 
 
 def _slurm_available() -> bool:
-    return os.geteuid() == 0 and all(shutil.which(name) for name in ("slurmctld", "slurmd", "munged", "sbatch"))
+    from spikeops.sim import slurmcluster
+
+    return slurmcluster.missing() is None
 
 
 def run_demo(options: DemoOptions, out: TextIO = sys.stdout) -> DemoResult:

@@ -14,23 +14,15 @@ import pytest
 
 from flows.demo import default_seed
 from spikeops.sim import build_bundle
+from spikeops.sim.processes import proc_read, scan
 
 BIN = Path(sys.executable).parent
 
 
-def _leftovers(directory: Path) -> list[str]:
+def _leftovers(directory: Path) -> list[int]:
     """Processes that still mention the demo directory (sshd, jobs, the Prefect server)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            text = (entry / "cmdline").read_bytes() + (entry / "environ").read_bytes()
-        except OSError:
-            continue
-        if str(directory).encode() in text:
-            found.append(f"{entry.name}: {(entry / 'cmdline').read_bytes()[:120]!r}")
-    return found
+    mark = str(directory).encode()
+    return sorted(scan(lambda pid: mark in proc_read(pid, "cmdline") + proc_read(pid, "environ")))
 
 
 def _demo(tmp_path: Path, scenario: str, *extra: str) -> tuple[str, Path]:

@@ -78,6 +78,7 @@ __all__ = [
     "status",
     "slurm_conf",
     "spool_directory",
+    "missing",
     "node_names",
     "check_names",
     "free_ports",
@@ -182,6 +183,19 @@ def _binary(name: str) -> str:
     if not found or not os.access(found, os.X_OK):
         raise ClusterError(f"{path} not found: install {package} (apt-get install {package})")
     return found
+
+
+def missing() -> str | None:
+    """Why ``up`` cannot run here (a daemon not installed, not root), or None when it can:
+    what a caller that would fall back to something else asks first."""
+    for name in _BINARIES:
+        try:
+            _binary(name)
+        except ClusterError as exc:
+            return str(exc)
+    if os.geteuid() != 0:
+        return "the local Slurm cluster runs as root (SlurmUser=root; jobs run as root)"
+    return None
 
 
 def spool_directory(root: Path, nodes: Sequence[str]) -> Path:
@@ -455,10 +469,9 @@ def up(directory: str | Path, *, nodes: int | None = None, prefix: str = "node",
         raise ValueError("a node has at least 1 CPU")
     if port is not None and not 1 <= port <= 65535 - nodes:
         raise ValueError(f"port {port}: slurmctld's port and {nodes} after it must be TCP ports")
-    if os.geteuid() != 0:
-        raise ClusterError("the local Slurm cluster runs as root (SlurmUser=root; jobs run as root)")
-    for name in _BINARIES:
-        _binary(name)
+    why_not = missing()
+    if why_not is not None:
+        raise ClusterError(why_not)
     root = Path(directory).resolve()
     _check_directory(root)
     if port is None:
