@@ -1,4 +1,4 @@
 """Prefect deployments, their triggers, and the alert receiver that turns a monitoring alert
-into a flow run. Empty until the incident flow issue."""
+into a flow run (``serve``, ``receiver``, ``baselines``)."""
 
 __all__: list[str] = []

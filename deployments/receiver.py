@@ -9,10 +9,9 @@ Prefect's webhooks are Cloud-only, so spikeops ships its own small FastAPI app:
 Authentication is required to listen anywhere but loopback: ``Authorization: Bearer`` with
 ``SPIKEOPS_RECEIVER_TOKEN``, or an HMAC-SHA256 of the body in ``X-Spikeops-Signature`` with
 ``SPIKEOPS_RECEIVER_HMAC_KEY``. Alerts are validated, resolved ones ignored, labels mapped to
-flow parameters (only the job id and cluster name, both checked against strict patterns: a
-label carrying shell syntax is refused, never passed on), and each firing alert starts the
-flow through a ``starter`` with an idempotency key derived from the alert's fingerprint and
-start time, so a storm of repeats starts one run. The answer comes at once; the flow runs on
+flow parameters (``spikeops.alerts``: only the job id and cluster name, both checked against
+strict patterns), and each firing alert starts the flow through a ``starter`` with the alert's
+idempotency key, so a storm of repeats starts one run. The answer comes at once; the flow runs on
 its own.
 """
 
@@ -21,9 +20,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import ipaddress
-import json
 import os
-import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -34,15 +31,10 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
+from spikeops.alerts import SOURCES, Alert, AlertError, idempotency_key, parse_alerts
 from spikeops.errors import InputError
 
-__all__ = ["ReceiverConfig", "Alert", "parse_alerts", "idempotency_key", "create_app", "check_bind"]
-
-_JOB = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:+-]{0,127}$")
-_CLUSTER = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-JOB_LABELS = ("job_id", "slurm_job_id", "job", "jobid")
-CLUSTER_LABELS = ("cluster", "cluster_name")
-MAX_BODY = 1 << 20
+__all__ = ["ReceiverConfig", "create_app", "check_bind"]
 
 
 @dataclass(frozen=True)
@@ -62,22 +54,6 @@ class ReceiverConfig:
         return bool(self.token or self.hmac_key)
 
 
-@dataclass(frozen=True)
-class Alert:
-    source: str
-    status: str
-    name: str
-    job: str
-    cluster: str | None
-    fingerprint: str
-    starts_at: str
-    labels: dict[str, str]
-
-
-class AlertError(ValueError):
-    """A payload that cannot be turned into alerts; the message is the 400's reason."""
-
-
 def check_bind(host: str, config: ReceiverConfig) -> None:
     """Refuse to listen beyond loopback without authentication."""
     try:
@@ -86,63 +62,6 @@ def check_bind(host: str, config: ReceiverConfig) -> None:
         loopback = host == "localhost"
     if not loopback and not config.authenticated:
         raise ValueError(f"refusing to listen on {host} without SPIKEOPS_RECEIVER_TOKEN or SPIKEOPS_RECEIVER_HMAC_KEY")
-
-
-def _label(labels: Mapping[str, Any], names: tuple[str, ...]) -> str | None:
-    for name in names:
-        value = labels.get(name)
-        if isinstance(value, str) and value:
-            return value
-    return None
-
-
-def _alert(source: str, raw: Any, common: Mapping[str, Any], default_cluster: str | None) -> Alert:
-    if not isinstance(raw, dict):
-        raise AlertError("an alert is not an object")
-    labels = {**{k: v for k, v in (common or {}).items() if isinstance(v, str)},
-              **{k: v for k, v in (raw.get("labels") or {}).items() if isinstance(v, str)}}
-    job = _label(labels, JOB_LABELS)
-    if job is None:
-        raise AlertError(f"no job label ({', '.join(JOB_LABELS)})")
-    if not _JOB.match(job):
-        raise AlertError("job label is not a job id (letters, digits and _.:+- only)")
-    cluster = _label(labels, CLUSTER_LABELS) or default_cluster
-    if cluster is not None and not _CLUSTER.match(cluster):
-        raise AlertError("cluster label is not a cluster name (letters, digits and _.- only)")
-    status = str(raw.get("status") or "firing").lower()
-    starts = str(raw.get("startsAt") or "")
-    fingerprint = str(raw.get("fingerprint") or "") or hashlib.sha256(
-        json.dumps(sorted(labels.items())).encode()).hexdigest()[:16]
-    return Alert(source, status, labels.get("alertname", "alert"), job, cluster, fingerprint, starts, labels)
-
-
-def parse_alerts(source: str, body: bytes, default_cluster: str | None = None) -> list[Alert]:
-    """Alerts from a webhook body; AlertError with the reason when it is not one."""
-    if len(body) > MAX_BODY:
-        raise AlertError(f"body over {MAX_BODY} bytes")
-    try:
-        document = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise AlertError(f"not JSON ({str(exc)[:80]})") from None
-    if not isinstance(document, dict):
-        raise AlertError("not a JSON object")
-    if source in ("alertmanager", "grafana"):
-        alerts = document.get("alerts")
-        if not isinstance(alerts, list) or not alerts:
-            raise AlertError("no 'alerts' list")
-        common = document.get("commonLabels") or {}
-        return [_alert(source, raw, common, default_cluster) for raw in alerts]
-    if source == "generic":
-        labels = {k: v for k, v in document.items() if isinstance(v, str)}
-        return [_alert(source, {"labels": labels, "status": document.get("status", "firing"),
-                                "startsAt": document.get("startsAt", ""),
-                                "fingerprint": document.get("fingerprint", "")}, {}, default_cluster)]
-    raise AlertError(f"unknown source {source!r}")
-
-
-def idempotency_key(alert: Alert) -> str:
-    """One incident per alert occurrence: its fingerprint and start, whatever the repeats."""
-    return "alert-" + hashlib.sha256(f"{alert.fingerprint}|{alert.starts_at}|{alert.job}".encode()).hexdigest()[:32]
 
 
 def _authorised(config: ReceiverConfig, headers: Mapping[str, str], body: bytes) -> bool:
@@ -179,8 +98,7 @@ def create_app(starter: Callable[[Alert, str], str | None], config: ReceiverConf
         try:
             alerts = parse_alerts(source, body, config.default_cluster)
         except AlertError as exc:
-            return JSONResponse({"error": str(exc)}, status_code=400 if source in
-                                ("alertmanager", "grafana", "generic") else 404)
+            return JSONResponse({"error": str(exc)}, status_code=400 if source in SOURCES else 404)
         answers = []
         for alert in alerts:
             if emit is not None:

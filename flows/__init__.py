@@ -1,4 +1,5 @@
-"""Prefect flows: the incident pipeline (protect, snapshot, collect, diagnose, isolate,
-resume, notify), composed from ``tasks``. Empty until the incident flow issue."""
+"""Prefect flows, each composed from the stages in ``tasks``: ``incident_response`` (the
+incident pipeline), ``watch`` (follow a job's metrics, start incidents), ``baselines`` (keep
+the nodes' healthy captures fresh). Flows import ``tasks`` and the core, never ``deployments``."""
 
 __all__: list[str] = []

@@ -17,50 +17,17 @@ of what is there).
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict
 from typing import Any
 
-from prefect import flow, get_run_logger, task
+from prefect import flow, get_run_logger
 
-from deployments.serve import DEPLOYMENT_NAME
-from spikeops.config import SpikeopsConfig, load_config
-from spikeops.errors import InputError
-from spikeops.watch import Anomaly, Detector, WatchConfig, alert_payload, describe, open_source, watch
-from spikeops.watch.fire import Fire
+from spikeops.config import load_config
+from spikeops.watch import Anomaly, Detector, WatchConfig, describe, open_source, watch
 from spikeops.watch.sources import SourceStats
+from tasks.start import DEPLOYMENT_NAME, start_incident
 
-__all__ = ["watch_job", "start_incident", "deployment_target"]
-
-
-def deployment_target(config: SpikeopsConfig, job: str, cluster: str | None, *,
-                      deployment: str = DEPLOYMENT_NAME, announce: bool = True) -> Fire:
-    """A firing target that starts ``deployment`` for each incident, exactly as the alert
-    receiver would for the same alert; the note is the flow run's id. The job and cluster
-    are checked against ``spikeops.toml`` now, not at the first incident."""
-    from deployments.receiver import AlertError, idempotency_key, parse_alerts
-    from deployments.serve import prefect_starter
-
-    config.flow_parameters(job, cluster)
-    start = prefect_starter(config, deployment, announce=announce)
-
-    def fire(anomaly: Anomaly) -> str | None:
-        payload = alert_payload(anomaly, job, cluster)
-        try:
-            alert = parse_alerts("generic", json.dumps(payload).encode())[0]
-        except AlertError as exc:
-            raise InputError(f"cannot make an alert of the incident: {exc}") from None
-        return f"flow run {start(alert, idempotency_key(alert))}"
-
-    return fire
-
-
-@task(name="start-incident", retries=2, retry_delay_seconds=5)
-def start_incident(anomaly: dict[str, Any], job: str, cluster: str | None, config_path: str | None,
-                   deployment: str = DEPLOYMENT_NAME, announce: bool = True) -> str | None:
-    """Start (or find, by its idempotency key) the incident flow run for one anomaly."""
-    fire = deployment_target(load_config(config_path), job, cluster, deployment=deployment, announce=announce)
-    return fire(Anomaly(**anomaly))
+__all__ = ["watch_job"]
 
 
 @flow(name="watch-job", description="Follow a job's metrics; start incident-response on an anomaly (docs/watch.md)")

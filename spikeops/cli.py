@@ -392,7 +392,7 @@ def _cmd_serve(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    from flows.demo import SCENARIOS, DemoOptions, run_demo, stop_demo
+    from demo import SCENARIOS, DemoOptions, run_demo, stop_demo
 
     if args.list:
         for name, what in SCENARIOS.items():

@@ -40,10 +40,13 @@ from typing import Any
 
 from spikeops.errors import InputError
 
-__all__ = ["ClusterConfig", "SpikeopsConfig", "load_config", "DEFAULT_RECEIVER_ADDR"]
+__all__ = ["ClusterConfig", "SpikeopsConfig", "load_config", "DEFAULT_RECEIVER_ADDR", "JOB_ID", "CLUSTER_NAME"]
 
 DEFAULT_RECEIVER_ADDR = "127.0.0.1:8787"
-_JOB = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:+-]{0,127}$")
+#: What a job id may be: a scheduler's id, never shell syntax (alerts and forms are checked against it).
+JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:+-]{0,127}$")
+#: What a cluster name may be.
+CLUSTER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 
 @dataclass(frozen=True)
@@ -77,7 +80,7 @@ class SpikeopsConfig:
     def flow_parameters(self, job: str, cluster: str | None) -> dict[str, Any]:
         """The incident flow's parameters for a job on a configured cluster; InputError when
         the cluster is not configured (or is ambiguous) or the job id is not one."""
-        if not _JOB.match(job or ""):
+        if not JOB_ID.match(job or ""):
             raise InputError(f"bad job id {job!r}")
         if cluster is None:
             if len(self.clusters) != 1:

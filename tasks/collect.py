@@ -26,7 +26,7 @@ from spikeops.collect.collector import (
 )
 from spikeops.inventory import expand_nodes, load_inventory
 
-__all__ = ["collect_shard", "collect_evidence", "collection_table", "DEFAULT_SHARD_SIZE"]
+__all__ = ["collect_shard", "collect_evidence", "collect_incident", "collection_table", "DEFAULT_SHARD_SIZE"]
 
 DEFAULT_SHARD_SIZE = 48
 
@@ -75,3 +75,16 @@ def collect_evidence(inventory_path: str | Path, job: str, bundle: str | Path, n
         description="\n".join(outcome.summary_lines()),
     )
     return outcome
+
+
+def collect_incident(inventory_path: str, job: str, bundle: str, nodes: list[str], incident: str, *,
+                     notifier: Any) -> CollectResult:
+    """The incident's evidence from every node of the job over SSH (the bundle's node folders
+    are replaced), told in the thread as a count of nodes by outcome."""
+    collected = collect_evidence(inventory_path, job, bundle, nodes or None, replace=True,
+                                 artifact_key=f"collection-{incident.lower()}"[:100])
+    buckets = collected.buckets()
+    if notifier:
+        notifier.stage("collect", f"collected {len(buckets['ok'])}/{len(collected.nodes)} nodes"
+                       + "".join(f"; {k}: {len(v)}" for k, v in buckets.items() if v and k != "ok"))
+    return collected

@@ -16,7 +16,7 @@ from prefect.artifacts import create_markdown_artifact
 
 from spikeops.notify import SlackNotifier, notify_bundle
 
-__all__ = ["slack_notifier", "notify_stage", "notify_diagnosis", "report_artifact"]
+__all__ = ["slack_notifier", "notify_stage", "notify_diagnosis", "report_artifact", "tell_outcome"]
 
 
 def slack_notifier(bundle: str | Path, channel: str | None = None, slack_token_block: str | None = None,
@@ -53,3 +53,20 @@ def report_artifact(bundle: str, key: str | None = None) -> str | None:
         return None
     artifact = create_markdown_artifact(markdown=path.read_text(), key=key, description="incident report")
     return str(artifact)
+
+
+def tell_outcome(bundle: str, notifier: SlackNotifier | None, diagnosis: Mapping[str, Any],
+                 incident: Mapping[str, Any], *, summary: str, resumed: bool, recommended: list[str],
+                 artifact_key: str) -> None:
+    """The end of the thread: what is recommended when nothing was resumed, the diagnosis with
+    its plot, the summary edited into the opening message; the report as an artifact."""
+    if notifier is not None:
+        if not resumed and recommended:
+            notifier.stage("remediation", "Not resumed automatically. Recommended for the next run: "
+                           + "; ".join(recommended))
+        notify_bundle(bundle, notifier=notifier, diagnosis=diagnosis, outcome=summary)
+    else:
+        from spikeops.notify.report import write_report
+
+        write_report(bundle, diagnosis, incident)
+    report_artifact(bundle, key=artifact_key)

@@ -51,3 +51,37 @@ def test_public_modules_declare_all():
         assert hasattr(module, "__all__"), f"{name} has no __all__"
         for exported in module.__all__:
             assert hasattr(module, exported), f"{name}.__all__ names missing {exported}"
+
+
+def _imports(path) -> set[str]:
+    """Every module a file imports, at any depth (lazy imports inside functions included)."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0:
+            names.add(node.module or "")
+    return names
+
+
+def test_layers_import_downwards_only():
+    """flows use tasks and the core; tasks use the core; neither knows what triggers them
+    (deployments), and flows never depend on the simulator or the demo's driver."""
+    forbidden = {"flows": ("deployments", "demo", "spikeops.sim"), "tasks": ("flows", "deployments", "demo")}
+    for package, banned in forbidden.items():
+        for path in (ROOT / package).rglob("*.py"):
+            for name in _imports(path):
+                assert not any(name == b or name.startswith(b + ".") for b in banned), f"{path} imports {name}"
+
+
+def test_every_prefect_task_lives_in_tasks():
+    """A reader looking for a stage finds its task under tasks/, by name."""
+    for package in ("flows", "deployments", "spikeops"):
+        for path in (ROOT / package).rglob("*.py"):
+            tree = ast.parse(path.read_text(), filename=str(path))
+            for node in ast.walk(tree):
+                if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                    for decorator in node.decorator_list:
+                        target = decorator.func if isinstance(decorator, ast.Call) else decorator
+                        name = target.id if isinstance(target, ast.Name) else getattr(target, "attr", "")
+                        assert name != "task", f"{path}: task {node.name} outside tasks/"

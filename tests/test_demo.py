@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from flows.demo import default_seed
+from demo import default_seed
 from spikeops.sim import build_bundle
 from spikeops.sim.processes import proc_read, scan
 

@@ -224,7 +224,7 @@ def test_incidents_of_one_job_wait_for_each_other(prefect_server: None) -> None:
     """The per-job limit: a second incident of the same job waits; another job's does not."""
     import threading
 
-    from flows.incident_response import one_incident_per_job
+    from tasks.concurrency import one_incident_per_job
 
     held, release = threading.Event(), threading.Event()
 

@@ -9,7 +9,8 @@ import json
 import pytest
 from fastapi.testclient import TestClient
 
-from deployments.receiver import ReceiverConfig, check_bind, create_app, parse_alerts
+from deployments.receiver import ReceiverConfig, check_bind, create_app
+from spikeops.alerts import parse_alerts
 
 ALERTMANAGER = {
     "version": "4", "status": "firing", "receiver": "spikeops", "groupKey": "{}:{alertname=\"LossSpike\"}",

@@ -47,7 +47,8 @@ def test_alert_storm_creates_one_flow_run(tmp_path: Path, prefect_server: None) 
     from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
 
     from deployments.receiver import ReceiverConfig, create_app
-    from deployments.serve import incident_deployment, prefect_starter
+    from deployments.serve import incident_deployment
+    from tasks.start import prefect_starter
 
     path = tmp_path / "spikeops.toml"
     path.write_text(CONFIG.format(root=tmp_path))

@@ -230,7 +230,7 @@ def test_watch_table_is_validated(tmp_path: Path) -> None:
 
 
 def test_alert_payload_is_the_generic_receiver_json() -> None:
-    from deployments.receiver import idempotency_key, parse_alerts
+    from spikeops.alerts import idempotency_key, parse_alerts
 
     rows = healthy(43, n=400).records()
     rows[300]["loss"] = math.nan

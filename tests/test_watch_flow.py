@@ -62,7 +62,7 @@ def receiver(tmp_path: Path, deployment_id: Any) -> Iterator[str]:
     import uvicorn
 
     from deployments.receiver import ReceiverConfig, create_app
-    from deployments.serve import prefect_starter
+    from tasks.start import prefect_starter
 
     (tmp_path / "spikeops.toml").write_text(CONFIG.format(root=tmp_path))
     app = create_app(prefect_starter(load_config(tmp_path / "spikeops.toml"), announce=False),

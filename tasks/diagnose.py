@@ -1,0 +1,46 @@
+"""Diagnosing the bundle: the four layers, then the verified checkpoint before the onset."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from prefect import task
+from prefect.artifacts import create_table_artifact
+
+from tasks.checkpoints import pick_checkpoint
+
+__all__ = ["diagnose_bundle", "diagnose_incident", "findings_table"]
+
+
+@task(name="diagnose")
+def diagnose_bundle(bundle: str) -> dict[str, Any]:
+    """``spikeops diagnose``: the diagnosis object, also written to the bundle."""
+    from spikeops.bundle import atomic_write
+    from spikeops.diagnosis import diagnose
+
+    document = diagnose(bundle).to_json()
+    atomic_write(Path(bundle) / "diagnosis.json", (json.dumps(document, indent=2, default=str) + "\n").encode())
+    return document
+
+
+def diagnose_incident(bundle: str, checkpoint_root: str | None, *, dry_run: bool, artifact_key: str) -> dict[str, Any]:
+    """The diagnosis with its resume point: once the onset is known, the checkpoints under
+    ``checkpoint_root`` are verified and the bundle diagnosed again with them. A checkpoint that
+    fails its checksums gets a marker (never deleted, never renamed here), so neither this
+    resume nor a person's picks it by mistake. The findings become a table artifact."""
+    diagnosis = diagnose_bundle(bundle)
+    if checkpoint_root and diagnosis.get("onset_step") is not None:
+        pick_checkpoint(checkpoint_root, int(diagnosis["onset_step"]), bundle=bundle,
+                        quarantine=None if dry_run else "marker")
+        diagnosis = diagnose_bundle(bundle)
+    create_table_artifact(key=artifact_key, table=findings_table(diagnosis))
+    return diagnosis
+
+
+def findings_table(diagnosis: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per finding for the Prefect UI."""
+    return [{"cause": f["cause"], "layer": f["layer"], "confidence": f["confidence"],
+             "nodes": ",".join(f.get("nodes") or []), "summary": f.get("summary", "")[:200]}
+            for f in diagnosis.get("findings") or []] or [{"cause": "none"}]
