@@ -35,7 +35,7 @@ from tasks.collect import collect_incident
 from tasks.concurrency import one_incident_per_job
 from tasks.diagnose import diagnose_incident
 from tasks.incident import open_incident
-from tasks.notify import tell_outcome
+from tasks.notify import tell_failure, tell_outcome
 from tasks.protect import protect_run
 from tasks.resume import isolate_and_resume
 from tasks.scheduler import SchedulerRef
@@ -83,25 +83,7 @@ class IncidentParams(BaseModel):
         return value
 
 
-def _tell_failure(flow: Any, flow_run: Any, state: Any) -> None:
-    """on_failure / on_crashed: a broken flow is never silent. Posts into the incident's
-    thread (the bundle's slack.json) when the incident is known, else a new message."""
-    from spikeops.notify import SlackNotifier
-
-    raw = (flow_run.parameters or {}).get("params") or {}
-    incidents = Path(str(raw.get("incidents_dir") or "~/.local/state/spikeops/incidents")).expanduser()
-    bundle = incidents / (raw.get("incident_id") or f"failed-{flow_run.id}")
-    try:
-        bundle.mkdir(parents=True, exist_ok=True)
-        message = str(getattr(state, "message", "") or state.name)[:500]
-        SlackNotifier(bundle, channel=raw.get("slack_channel")).stage(
-            f"failed-{flow_run.id}", f"incident flow {state.name.lower()} for job {raw.get('job_id')}: {message}. "
-            "Nothing further will happen automatically; see the flow run.")
-    except Exception:  # the hook must not fail the failure
-        pass
-
-
-@flow(name="incident-response", log_prints=True, on_failure=[_tell_failure], on_crashed=[_tell_failure])
+@flow(name="incident-response", log_prints=True, on_failure=[tell_failure], on_crashed=[tell_failure])
 def incident_response(params: IncidentParams) -> dict[str, Any]:
     """One incident, end to end. Returns what was found and done. Incidents of one job wait
     for each other (a per-job concurrency limit); incidents of different jobs run side by side."""

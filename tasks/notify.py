@@ -16,7 +16,7 @@ from prefect.artifacts import create_markdown_artifact
 
 from spikeops.notify import SlackNotifier, notify_bundle
 
-__all__ = ["slack_notifier", "notify_stage", "notify_diagnosis", "report_artifact", "tell_outcome"]
+__all__ = ["slack_notifier", "notify_stage", "notify_diagnosis", "report_artifact", "tell_outcome", "tell_failure"]
 
 
 def slack_notifier(bundle: str | Path, channel: str | None = None, slack_token_block: str | None = None,
@@ -70,3 +70,21 @@ def tell_outcome(bundle: str, notifier: SlackNotifier | None, diagnosis: Mapping
 
         write_report(bundle, diagnosis, incident)
     report_artifact(bundle, key=artifact_key)
+
+
+def tell_failure(flow: Any, flow_run: Any, state: Any) -> None:
+    """on_failure / on_crashed: a broken flow is never silent. Posts into the incident's
+    thread (the bundle's slack.json) when the incident is known, else a new message."""
+    from spikeops.notify import SlackNotifier
+
+    raw = (flow_run.parameters or {}).get("params") or {}
+    incidents = Path(str(raw.get("incidents_dir") or "~/.local/state/spikeops/incidents")).expanduser()
+    bundle = incidents / (raw.get("incident_id") or f"failed-{flow_run.id}")
+    try:
+        bundle.mkdir(parents=True, exist_ok=True)
+        message = str(getattr(state, "message", "") or state.name)[:500]
+        SlackNotifier(bundle, channel=raw.get("slack_channel")).stage(
+            f"failed-{flow_run.id}", f"incident flow {state.name.lower()} for job {raw.get('job_id')}: {message}. "
+            "Nothing further will happen automatically; see the flow run.")
+    except Exception:  # the hook must not fail the failure
+        pass
