@@ -369,12 +369,35 @@ def _cmd_notify(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     return EXIT_OK
 
 
+def _cmd_config_check(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    from spikeops.config import check_config, load_config
+
+    config = load_config(args.config)
+    if config.path is None:
+        err.write("spikeops config check: no spikeops.toml here (--config FILE or $SPIKEOPS_CONFIG)\n")
+        return EXIT_USAGE
+    problems = check_config(config) + ([] if config.clusters else ["no [clusters.NAME] configured"])
+    for problem in problems:
+        err.write(f"spikeops config check: {config.path}: {problem}\n")
+    if problems:
+        return EXIT_USAGE
+    out.write(f"{config.path}: ok ({len(config.clusters)} cluster(s): {', '.join(config.clusters)}; "
+              f"incidents in {config.incidents_dir}, at most {config.max_concurrent} at once; "
+              f"receiver {config.receiver_addr})\n")
+    return EXIT_OK
+
+
 def _cmd_serve(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    from spikeops.config import load_config
+    from spikeops.config import check_config, load_config
 
     config = load_config(args.config)
     if not config.clusters:
         err.write("spikeops serve: no [clusters.NAME] configured (spikeops.toml or --config; docs/flow.md)\n")
+        return EXIT_USAGE
+    problems = check_config(config)
+    if problems:  # refuse now: the first alert would otherwise fail
+        err.write(f"spikeops serve: {config.path}: {problems[0]}"
+                  + (f" (and {len(problems) - 1} more: spikeops config check)" if len(problems) > 1 else "") + "\n")
         return EXIT_USAGE
     # The Prefect side lives outside the core (deployments/), imported only for this command.
     from deployments.serve import serve
@@ -617,6 +640,15 @@ def build_parser() -> argparse.ArgumentParser:
     served.add_argument("--config", help="spikeops.toml (default $SPIKEOPS_CONFIG or ./spikeops.toml)")
     served.add_argument("--addr", help="receiver HOST:PORT (default [receiver] addr or 127.0.0.1:8787)")
     served.set_defaults(handler=_cmd_serve)
+
+    configured = commands.add_parser("config", help="check spikeops.toml",
+                                     description="Check spikeops.toml: every key's type and range, each "
+                                                 "cluster's inventory, what a scheduler needs. Exit 0 when it "
+                                                 "is usable, 2 with one line per problem.")
+    config_actions = configured.add_subparsers(dest="config_action", metavar="ACTION", required=True)
+    check = config_actions.add_parser("check", help="check the file; one line per problem")
+    check.add_argument("--config", help="spikeops.toml (default $SPIKEOPS_CONFIG or ./spikeops.toml)")
+    check.set_defaults(handler=_cmd_config_check)
 
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--scheduler", choices=("slurm", "local"), default="slurm",

@@ -8,6 +8,7 @@ environment or Prefect blocks); ``SPIKEOPS_CONFIG`` names the file.
 ```toml
 [incidents]
 dir = "/var/lib/spikeops/incidents"
+max_concurrent = 4                  # incidents acting at once (one per job, always)
 
 [receiver]
 addr = "127.0.0.1:8787"
@@ -19,6 +20,7 @@ run_dir = "/shared/runs/{job}"      # where the job's spikeops.train files are
 checkpoint_root = "/ckpt/{job}"
 slack_channel = "#incidents"
 approval = "always"                 # always | auto-hardware | never
+approval_timeout_s = 3600           # how long a person has to answer; silence is a no
 observe_steps = 50                  # after a single spike, steps to watch before deciding
 observe_timeout_s = 600             # ... and the most seconds to wait for them
 baseline_dir = "/var/lib/spikeops/baselines/sim"   # kept fresh by the baseline deployment
@@ -34,15 +36,23 @@ from __future__ import annotations
 import os
 import re
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from spikeops.errors import InputError
 
-__all__ = ["ClusterConfig", "SpikeopsConfig", "load_config", "DEFAULT_RECEIVER_ADDR", "JOB_ID", "CLUSTER_NAME"]
+__all__ = ["ClusterConfig", "SpikeopsConfig", "IncidentSettings", "load_config", "check_config", "resolve_incident",
+           "DEFAULT_RECEIVER_ADDR", "DEFAULT_INCIDENTS_DIR", "DEFAULT_MAX_CONCURRENT", "JOB_ID", "CLUSTER_NAME",
+           "SCHEDULERS", "APPROVALS", "SKIPPABLE"]
 
 DEFAULT_RECEIVER_ADDR = "127.0.0.1:8787"
+DEFAULT_INCIDENTS_DIR = "~/.local/state/spikeops/incidents"
+DEFAULT_MAX_CONCURRENT = 4
+SCHEDULERS = ("slurm", "local")
+APPROVALS = ("always", "auto-hardware", "never")
+SKIPPABLE = ("protect", "collect", "isolate", "resume", "notify")
 #: What a job id may be: a scheduler's id, never shell syntax (alerts and forms are checked against it).
 JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:+-]{0,127}$")
 #: What a cluster name may be.
@@ -59,6 +69,7 @@ class ClusterConfig:
     checkpoint_root: str | None = None
     slack_channel: str | None = None
     approval: str = "always"
+    approval_timeout_s: int | None = None
     observe_steps: int | None = None
     observe_timeout_s: int | None = None
     #: Where the scheduled baseline refresh keeps each node's last healthy probes.
@@ -71,8 +82,10 @@ class ClusterConfig:
 @dataclass(frozen=True)
 class SpikeopsConfig:
     path: Path | None
-    incidents_dir: str = "~/.local/state/spikeops/incidents"
+    incidents_dir: str = DEFAULT_INCIDENTS_DIR
     receiver_addr: str = DEFAULT_RECEIVER_ADDR
+    #: Incidents acting at once (a Prefect global concurrency limit; one per job always).
+    max_concurrent: int = DEFAULT_MAX_CONCURRENT
     clusters: dict[str, ClusterConfig] = field(default_factory=dict)
     #: The ``[watch]`` table as written; ``spikeops.watch`` validates it.
     watch: dict[str, Any] = field(default_factory=dict)
@@ -95,20 +108,57 @@ class SpikeopsConfig:
             "checkpoint_root": fill(chosen.checkpoint_root), "incidents_dir": self.incidents_dir,
             "scheduler": chosen.scheduler, "scheduler_state_dir": chosen.scheduler_state_dir,
             "slack_channel": chosen.slack_channel, "approval": chosen.approval,
-            "observe_steps": chosen.observe_steps, "observe_timeout_s": chosen.observe_timeout_s,
+            "approval_timeout_s": chosen.approval_timeout_s, "observe_steps": chosen.observe_steps, "observe_timeout_s": chosen.observe_timeout_s,
             "baseline_dir": chosen.baseline_dir,
         }
         return {k: v for k, v in params.items() if v is not None}
 
 
 _CLUSTER_KEYS = set(ClusterConfig.__dataclass_fields__) - {"name"}
+#: Integer keys of a cluster and their bounds (inclusive).
+_INT_BOUNDS = {"approval_timeout_s": (1, 7 * 86400), "observe_steps": (0, 10_000),
+               "observe_timeout_s": (0, 86_400), "control_timeout_s": (1, 86_400)}
+_STR_KEYS = ("inventory", "run_dir", "scheduler_state_dir", "checkpoint_root", "slack_channel", "baseline_dir")
+
+
+def _cluster(target: Path, name: str, table: Any) -> ClusterConfig:
+    """One ``[clusters.NAME]`` table, every key checked; InputError names the key."""
+    where = f"{target}: [clusters.{name}]"
+    if not CLUSTER_NAME.match(name):
+        raise InputError(f"{where}: a cluster name is letters, digits and _.- only")
+    if not isinstance(table, dict):
+        raise InputError(f"{where} must be a table")
+    extra = set(table) - _CLUSTER_KEYS
+    if extra:
+        raise InputError(f"{where} unknown key {sorted(extra)[0]!r}")
+    for required in ("inventory", "run_dir"):
+        if required not in table:
+            raise InputError(f"{where} needs {required}")
+    for key in _STR_KEYS:
+        if key in table and (not isinstance(table[key], str) or not table[key].strip()):
+            raise InputError(f"{where} {key} must be a non-empty string")
+    if table.get("scheduler", "slurm") not in SCHEDULERS:
+        raise InputError(f"{where} scheduler must be {' or '.join(SCHEDULERS)}, not {table['scheduler']!r}")
+    if table.get("approval", "always") not in APPROVALS:
+        raise InputError(f"{where} approval must be always, auto-hardware or never")
+    for key, (low, high) in _INT_BOUNDS.items():
+        value = table.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high):
+            raise InputError(f"{where} {key} must be a whole number from {low} to {high}, not {value!r}")
+    command = table.get("control_command")
+    if command is not None and (not isinstance(command, list) or not command
+                                or not all(isinstance(part, str) and part for part in command)):
+        raise InputError(f"{where} control_command must be a list of strings (argv)")
+    return ClusterConfig(name=name, **table)
 
 
 def load_config(path: str | Path | None = None) -> SpikeopsConfig:
-    """Read ``path`` (default ``$SPIKEOPS_CONFIG``, else ``./spikeops.toml``; absent: defaults)."""
+    """Read ``path`` (default ``$SPIKEOPS_CONFIG``, else ``./spikeops.toml``; absent: defaults).
+    Every key is checked for its type and range here, so a typo is one line naming the key
+    when the file is read, not a failure at the first alert."""
     target = Path(path or os.environ.get("SPIKEOPS_CONFIG") or "spikeops.toml").expanduser()
     if not target.is_file():
-        if path is not None:
+        if path is not None or os.environ.get("SPIKEOPS_CONFIG"):
             raise InputError(f"{target}: no such configuration file")
         return SpikeopsConfig(None)
     try:
@@ -121,27 +171,106 @@ def load_config(path: str | Path | None = None) -> SpikeopsConfig:
             raise InputError(f"{target}: [{section}] must be a table")
     if unknown:
         raise InputError(f"{target}: unknown section {sorted(unknown)[0]!r}")
-    clusters = {}
-    for name, table in (document.get("clusters") or {}).items():
-        if not isinstance(table, dict):
-            raise InputError(f"{target}: [clusters.{name}] must be a table")
-        extra = set(table) - _CLUSTER_KEYS
-        if extra:
-            raise InputError(f"{target}: [clusters.{name}] unknown key {sorted(extra)[0]!r}")
-        for required in ("inventory", "run_dir"):
-            if not isinstance(table.get(required), str):
-                raise InputError(f"{target}: [clusters.{name}] needs {required}")
-        if table.get("approval", "always") not in ("always", "auto-hardware", "never"):
-            raise InputError(f"{target}: [clusters.{name}] approval must be always, auto-hardware or never")
-        command = table.get("control_command")
-        if command is not None and (not isinstance(command, list) or not command
-                                    or not all(isinstance(part, str) and part for part in command)):
-            raise InputError(f"{target}: [clusters.{name}] control_command must be a list of strings (argv)")
-        clusters[name] = ClusterConfig(name=name, **table)
+    incidents = document.get("incidents") or {}
+    extra = set(incidents) - {"dir", "max_concurrent"}
+    if extra:
+        raise InputError(f"{target}: [incidents] unknown key {sorted(extra)[0]!r}")
+    if "dir" in incidents and (not isinstance(incidents["dir"], str) or not incidents["dir"].strip()):
+        raise InputError(f"{target}: [incidents] dir must be a non-empty string")
+    limit = incidents.get("max_concurrent", DEFAULT_MAX_CONCURRENT)
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 1000:
+        raise InputError(f"{target}: [incidents] max_concurrent must be a whole number from 1 to 1000, not {limit!r}")
+    receiver = document.get("receiver") or {}
+    extra = set(receiver) - {"addr"}
+    if extra:
+        raise InputError(f"{target}: [receiver] unknown key {sorted(extra)[0]!r}")
+    addr = receiver.get("addr", DEFAULT_RECEIVER_ADDR)
+    if not isinstance(addr, str) or not re.match(r"^[^\s:]+:\d{1,5}$", addr) or not 0 < int(addr.rpartition(":")[2]) < 65536:
+        raise InputError(f"{target}: [receiver] addr must be HOST:PORT, not {addr!r}")
+    clusters = {name: _cluster(target, name, table) for name, table in (document.get("clusters") or {}).items()}
     return SpikeopsConfig(
         target,
-        incidents_dir=str((document.get("incidents") or {}).get("dir", SpikeopsConfig.incidents_dir)),
-        receiver_addr=str((document.get("receiver") or {}).get("addr", DEFAULT_RECEIVER_ADDR)),
+        incidents_dir=str(incidents.get("dir", DEFAULT_INCIDENTS_DIR)),
+        receiver_addr=addr,
+        max_concurrent=limit,
         clusters=clusters,
         watch=dict(document.get("watch") or {}),
     )
+
+
+def check_config(config: SpikeopsConfig) -> list[str]:
+    """What ``load_config`` cannot see from the file alone: each cluster's inventory must exist
+    and read (a missing or broken one would fail every alert for that cluster), and a local
+    scheduler needs its state directory. One line per problem, naming the key."""
+    from spikeops.inventory import load_inventory
+
+    problems = []
+    for cluster in config.clusters.values():
+        where = f"[clusters.{cluster.name}]"
+        inventory = Path(cluster.inventory).expanduser()
+        if not inventory.is_file():
+            problems.append(f"{where} inventory: {inventory}: no such file")
+        else:
+            try:
+                load_inventory(inventory)
+            except InputError as exc:
+                problems.append(f"{where} inventory: {exc}")
+        if cluster.scheduler == "local" and not cluster.scheduler_state_dir:
+            problems.append(f"{where} scheduler_state_dir: needed with scheduler = \"local\"")
+        if cluster.control_command and not cluster.baseline_dir:
+            problems.append(f"{where} control_command: needs baseline_dir (where control verdicts are kept)")
+    return problems
+
+
+@dataclass(frozen=True)
+class IncidentSettings:
+    """Everything one incident needs, resolved: what the run asked for, over what
+    ``spikeops.toml`` says for its cluster, over the defaults."""
+
+    job_id: str
+    inventory: str
+    run_dir: str
+    cluster: str | None = None
+    checkpoint_root: str | None = None
+    incidents_dir: str = DEFAULT_INCIDENTS_DIR
+    incident_id: str | None = None
+    scheduler: str = "slurm"
+    scheduler_state_dir: str | None = None
+    dry_run: bool = False
+    skip: tuple[str, ...] = ()
+    approval: str = "always"
+    approval_timeout_s: int = 3600
+    slack_channel: str | None = None
+    observe_steps: int = 50
+    observe_timeout_s: int = 600
+    baseline_dir: str | None = None
+    alert: dict[str, Any] = field(default_factory=dict)
+    max_concurrent: int = DEFAULT_MAX_CONCURRENT
+
+
+_SETTINGS = set(IncidentSettings.__dataclass_fields__)
+
+
+def resolve_incident(config: SpikeopsConfig, job_id: str, cluster: str | None,
+                     overrides: Mapping[str, Any]) -> IncidentSettings:
+    """The settings of one incident. A named cluster must be configured; with no cluster, the
+    only configured one is taken when the run does not give the inventory and run directory
+    itself. InputError (one line) when something needed is missing or invalid."""
+    given = {k: v for k, v in overrides.items() if v is not None and k in _SETTINGS}
+    base: dict[str, Any] = {"incidents_dir": config.incidents_dir, "max_concurrent": config.max_concurrent}
+    self_contained = cluster is None and given.get("inventory") and given.get("run_dir")
+    if cluster is not None or (not self_contained and config.clusters):
+        base.update(config.flow_parameters(job_id, cluster))
+        base["cluster"] = cluster or next(iter(config.clusters))
+    merged = {**base, **given, "job_id": job_id}
+    for required in ("inventory", "run_dir"):
+        if not merged.get(required):
+            raise InputError(f"no {required}: name a configured cluster or give {required}")
+    if merged.get("scheduler", "slurm") not in SCHEDULERS:
+        raise InputError(f"scheduler must be {' or '.join(SCHEDULERS)}")
+    if merged.get("approval", "always") not in APPROVALS:
+        raise InputError("approval must be always, auto-hardware or never")
+    if not JOB_ID.match(job_id or ""):
+        raise InputError(f"bad job id {job_id!r}")
+    merged["skip"] = tuple(merged.get("skip") or ())
+    return IncidentSettings(**merged)

@@ -3,6 +3,9 @@ starter creates exactly one run of the served deployment per alert occurrence.""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -59,10 +62,71 @@ def test_alert_storm_creates_one_flow_run(tmp_path: Path, prefect_server: None) 
     assert len(answers) == 1
     with get_client(sync_client=True) as prefect:
         runs = prefect.read_flow_runs(deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment_id])))
-    assert [str(r.id) for r in runs] == list(answers)
-    params = runs[0].parameters["params"]
-    assert params["job_id"] == "4412" and params["inventory"] == f"{tmp_path}/sim.toml"
-    assert params["incident_id"].startswith("inc-")
+    # other tests start runs of the same deployment: count the ones for this alert
+    runs = [r for r in runs if ((r.parameters or {}).get("overrides") or {}).get("alert", {}).get(
+        "payload", {}).get("fingerprint") == "9f2c11aa"]
+    assert [str(r.id) for r in runs] == list(answers)  # one run for the twenty repeats
+    params = runs[0].parameters
+    assert params["job_id"] == "4412" and params["cluster"] == "sim"  # the worker's spikeops.toml has the rest
+    assert params["overrides"]["incident_id"].startswith("inc-") and set(params["overrides"]) == {"incident_id", "alert"}
+    assert {"job:4412", "cluster:sim"} <= set(runs[0].tags)
     unknown = {"alerts": [{**ALERT["alerts"][0], "labels": {"alertname": "x", "job_id": "9", "cluster": "prod"}}]}
     answer = client.post("/alerts/alertmanager", json=unknown, headers={"Authorization": "Bearer t"})
     assert answer.status_code == 400 and "not configured" in answer.json()["error"]
+
+
+@pytest.mark.parametrize("line, key", [
+    ('scheduler = "slurmm"', "scheduler"),
+    ('observe_steps = "fifty"', "observe_steps"),
+    ("observe_timeout_s = -5", "observe_timeout_s"),
+    ("approval_timeout_s = 0", "approval_timeout_s"),
+    ('approval = "maybe"', "approval"),
+    ("control_command = \"rm -rf /\"", "control_command"),
+    ('checkpoint_root = ""', "checkpoint_root"),
+])
+def test_a_bad_value_is_refused_with_one_line_naming_its_key(tmp_path: Path, line: str, key: str) -> None:
+    path = tmp_path / "spikeops.toml"
+    path.write_text(CONFIG.replace('approval = "auto-hardware"\n', "").replace(
+        'checkpoint_root = "/ckpt/{{job}}"\n', "").format(root=tmp_path) + line + "\n")
+    with pytest.raises(InputError) as error:
+        load_config(path)
+    assert key in str(error.value) and "\n" not in str(error.value) and "[clusters.sim]" in str(error.value)
+
+
+def test_sections_are_checked_too(tmp_path: Path) -> None:
+    path = tmp_path / "spikeops.toml"
+    for extra, key in (("[incidents]\nmax_concurrent = 0\n", "max_concurrent"),
+                       ('[receiver]\naddr = "nowhere"\n', "addr")):
+        path.write_text(extra + CONFIG.replace("[incidents]\ndir = \"{root}/incidents\"\n", "").format(root=tmp_path))
+        with pytest.raises(InputError, match=key):
+            load_config(path)
+
+
+def _cli(*argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "spikeops", *argv], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, **(env or {})}, check=False)
+
+
+def test_config_check_and_serve_refuse_a_missing_inventory_before_listening(tmp_path: Path) -> None:
+    path = tmp_path / "spikeops.toml"
+    path.write_text(CONFIG.format(root=tmp_path))  # sim.toml does not exist
+    checked = _cli("config", "check", "--config", str(path))
+    assert checked.returncode == 2 and "inventory" in checked.stderr and "no such file" in checked.stderr
+    assert len(checked.stderr.strip().splitlines()) == 1 and "Traceback" not in checked.stderr
+    served = _cli("serve", "--config", str(path), "--addr", "127.0.0.1:1")
+    assert served.returncode == 2 and "inventory" in served.stderr and "Traceback" not in served.stderr
+    (tmp_path / "sim.toml").write_text('[cluster]\nnodes = "gpu-[001-002]"\n')
+    checked = _cli("config", "check", "--config", str(path))
+    assert checked.returncode == 0, checked.stderr
+    assert "1 cluster(s): sim" in checked.stdout
+
+
+def test_serve_says_in_one_line_when_the_prefect_api_is_unreachable(tmp_path: Path) -> None:
+    path = tmp_path / "spikeops.toml"
+    path.write_text(CONFIG.format(root=tmp_path))
+    (tmp_path / "sim.toml").write_text('[cluster]\nnodes = "gpu-[001-002]"\n')
+    served = _cli("serve", "--config", str(path), "--addr", "127.0.0.1:0",
+                  env={"PREFECT_API_URL": "http://127.0.0.1:9/api"})
+    assert served.returncode == 2, served.stderr
+    assert "cannot reach the Prefect API at http://127.0.0.1:9/api" in served.stderr
+    assert "Traceback" not in served.stderr and len(served.stderr.strip().splitlines()) == 1
