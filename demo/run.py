@@ -364,11 +364,11 @@ def _run_flow(options: DemoOptions, directory: Path, cluster: Any, job: str, run
               stack: ExitStack) -> dict[str, Any]:
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    from flows.incident_response import IncidentParams, incident_response
+    from flows.incident_response import IncidentOverrides, incident_response
 
     incident = f"inc-demo-{options.scenario.replace('_', '-')}"
-    params = IncidentParams(
-        job_id=job, inventory=str(cluster.inventory), run_dir=str(run_dir),
+    overrides = IncidentOverrides(
+        inventory=str(cluster.inventory), run_dir=str(run_dir),
         checkpoint_root=str(directory / "ckpt"), incidents_dir=str(directory / "incidents"), incident_id=incident,
         baseline_dir=str(directory / "baselines"), approval=options.approval, approval_timeout_s=120,
         observe_steps=50, observe_timeout_s=3,
@@ -386,7 +386,7 @@ def _run_flow(options: DemoOptions, directory: Path, cluster: Any, job: str, run
         printer.start()
         approver.start()
         try:
-            outcome = incident_response(params)
+            outcome = incident_response(job, overrides=overrides)
         finally:
             approver_stop.set()
             stop.set()

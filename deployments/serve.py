@@ -1,7 +1,8 @@
 """Serving the incident flow, the scheduled baseline refresh and the alert receiver (``spikeops serve``).
 
-``incident_deployment()`` is the flow as a served deployment: up to ``DEPLOYMENT_CONCURRENCY``
-incidents run at once, but never two of one job (the flow holds a per-job concurrency limit).
+``incident_deployment()`` is the flow as a served deployment: up to ``[incidents]
+max_concurrent`` incidents act at once, never two of one job (limits the flow holds itself,
+``tasks.concurrency``).
 The receiver starts runs with ``tasks.start.prefect_starter`` (shared with the watcher).
 """
 
@@ -16,16 +17,71 @@ from tasks.start import DEPLOYMENT_NAME, prefect_starter
 
 __all__ = ["DEPLOYMENT_NAME", "incident_deployment", "prefect_emitter", "serve"]
 
-#: Incidents of different jobs at once; one job's incidents are serialised inside the flow
-#: (``one_incident_per_job``), so two alerts never act on one job together.
-DEPLOYMENT_CONCURRENCY = 4
 
 
-def incident_deployment() -> Any:
+def incident_deployment(config: SpikeopsConfig | None = None) -> Any:
+    """The incident flow as a deployment. No deployment ``concurrency_limit``: Prefect gives
+    a deployment slot back when its run pauses and then kills the run when the slot's lease
+    cannot be renewed, so an incident waiting for a person would crash; the flow holds its own
+    limits instead (``tasks.concurrency``: at most ``max_concurrent`` working, one per job). With
+    a configuration, the run form offers its clusters as a choice."""
     from flows.incident_response import incident_response
 
-    return incident_response.to_deployment(name="incident-response", concurrency_limit=DEPLOYMENT_CONCURRENCY,
-                                           description="One incident end to end (docs/flow.md)")
+    deployment = incident_response.to_deployment(name="incident-response", tags=["spikeops", "incident"],
+                                                 description="One incident end to end (docs/flow.md)")
+    schema = deployment._parameter_openapi_schema
+    for name, title, description in (
+            ("job_id", "Job id", "the scheduler's job id, e.g. 4412"),
+            ("cluster", "Cluster", "which cluster of spikeops.toml the job runs on"),
+            ("overrides", "Overrides (optional)", "leave empty: spikeops.toml has everything")):
+        schema.properties[name].update({"title": title, "description": description})
+    if config is not None and config.clusters:
+        restrict_clusters(schema, sorted(config.clusters))
+    return deployment
+
+
+def restrict_clusters(schema: Any, clusters: list[str]) -> None:
+    """The ``cluster`` parameter becomes a required choice among ``clusters`` (the run form
+    shows a list; with one cluster it is already chosen)."""
+    field = schema.properties["cluster"]
+    field.pop("anyOf", None)
+    field.pop("default", None)
+    field.update({"type": "string", "enum": clusters})
+    if len(clusters) == 1:
+        field["default"] = clusters[0]
+    schema.required = sorted(set(schema.required or []) | {"cluster"})
+
+
+def ensure_incident_limit(config: SpikeopsConfig) -> None:
+    """The shared limit (``spikeops-incidents``) at the configured size, before any run."""
+    from prefect import get_client
+    from prefect.client.schemas.actions import GlobalConcurrencyLimitUpdate
+
+    from tasks.concurrency import INCIDENTS_LIMIT, ensure_limit
+
+    ensure_limit(INCIDENTS_LIMIT, config.max_concurrent)
+    with get_client(sync_client=True) as client:
+        current = client.read_global_concurrency_limit_by_name(INCIDENTS_LIMIT)
+        if current.limit != config.max_concurrent:
+            client.update_global_concurrency_limit(INCIDENTS_LIMIT, GlobalConcurrencyLimitUpdate(
+                limit=config.max_concurrent))
+
+
+def check_api() -> str:
+    """The Prefect API's URL when it answers; ValueError with one line when it does not."""
+    from prefect import get_client
+    from prefect.settings import PREFECT_API_URL
+
+    url = PREFECT_API_URL.value() or "(no PREFECT_API_URL: a temporary local server)"
+    try:
+        with get_client(sync_client=True) as client:
+            error = client.api_healthcheck()
+    except Exception as exc:  # noqa: BLE001 - any failure to reach it is the same answer
+        error = exc
+    if error is not None:
+        raise ValueError(f"cannot reach the Prefect API at {url}: {type(error).__name__}: "
+                         f"{str(error).splitlines()[0][:200] if str(error) else ''}")
+    return url
 
 
 def prefect_emitter() -> Callable[[Any], None]:
@@ -56,7 +112,11 @@ def serve(config: SpikeopsConfig, addr: str | None = None) -> None:
     check_bind(host, receiver)
     from deployments.baselines import baseline_deployment, wants_baselines
 
-    deployments = [incident_deployment()]
+    if config.path is not None:  # the served runs (subprocesses) read the same file
+        os.environ["SPIKEOPS_CONFIG"] = str(config.path)
+    check_api()
+    ensure_incident_limit(config)
+    deployments = [incident_deployment(config)]
     if wants_baselines(config):  # a cluster with a baseline_dir: the scheduled refresh too
         deployments.append(baseline_deployment(config))
     # Register the deployments before the receiver listens: an alert that arrives in between

@@ -10,7 +10,8 @@ in one place and tested without Prefect, a scheduler or a cluster:
   conviction through, ``never`` never drains);
 - ``must_stop_before_resume`` and ``resume_decision``: a job is resumed only when it was
   stopped, from a verified checkpoint, without every convicted node, and (where asked) with a
-  person's yes. Silence is a no.
+  person's yes. Silence is a no. An inconclusive diagnosis (the evidence could not be read)
+  never resumes a stopped job on the policy's word alone.
 """
 
 from __future__ import annotations
@@ -23,13 +24,15 @@ from spikeops.inventory import fold_nodes
 
 __all__ = ["STOP_AT_ONCE", "APPROVAL_POLICIES", "AUTO_APPROVE_CONFIDENCE", "Gate", "protective_move",
            "approval_gate", "must_stop_before_resume", "resume_decision", "describe_actions", "outcome_summary",
-           "SUCCESS"]
+           "SUCCESS", "UNSURE"]
 
 #: The symptoms for which the seed's matrix says "stop training, preserve state".
 STOP_AT_ONCE = frozenset({"instant_nan", "spike_no_recovery"})
 APPROVAL_POLICIES = ("always", "auto-hardware", "never")
 #: ``auto-hardware`` drains without asking only at or above this confidence.
 AUTO_APPROVE_CONFIDENCE = 0.8
+#: Diagnoses that know nothing: a stopped job is never resumed on them without a person.
+UNSURE = frozenset({"inconclusive"})
 #: Action outcomes that leave the intended state in place (the idempotent repeat included).
 SUCCESS = ("done", "nothing-to-do", "dry-run")
 
@@ -75,8 +78,12 @@ def approval_gate(policy: str, diagnosis: Mapping[str, Any], *, stopped: bool, c
             return Gate("isolate", approved=True,
                         why=f"policy: auto-approved ({primary.get('cause')}, confidence {primary.get('confidence')})")
         return Gate("isolate", ask=True, question=f"drain {fold_nodes(culprits)} and resume without them")
-    if not culprits and policy == "always" and stopped and resume_from and can_resume:
-        return Gate("resume", ask=True, question=f"resume from {resume_from.get('path')} ({remediation})")
+    if not culprits and stopped and resume_from and can_resume:
+        if policy == "always":
+            return Gate("resume", ask=True, question=f"resume from {resume_from.get('path')} ({remediation})")
+        if primary.get("cause") in UNSURE:  # nothing known: a person decides, whatever the policy
+            return Gate("resume", ask=True, question=f"resume from {resume_from.get('path')} although the diagnosis "
+                                                     f"is {primary.get('cause')} ({remediation})")
     return Gate(None)
 
 

@@ -11,7 +11,7 @@ from prefect.artifacts import create_table_artifact
 
 from tasks.checkpoints import pick_checkpoint
 
-__all__ = ["diagnose_bundle", "diagnose_incident", "findings_table"]
+__all__ = ["diagnose_bundle", "diagnose_incident", "findings_table", "summary_line"]
 
 
 @task(name="diagnose")
@@ -44,3 +44,16 @@ def findings_table(diagnosis: dict[str, Any]) -> list[dict[str, Any]]:
     return [{"cause": f["cause"], "layer": f["layer"], "confidence": f["confidence"],
              "nodes": ",".join(f.get("nodes") or []), "summary": f.get("summary", "")[:200]}
             for f in diagnosis.get("findings") or []] or [{"cause": "none"}]
+
+
+def summary_line(diagnosis: dict[str, Any]) -> str:
+    """The diagnosis in one line for the flow run's log."""
+    from spikeops.inventory import fold_nodes
+
+    primary = diagnosis.get("primary") or {}
+    resume = diagnosis.get("resume_from") or {}
+    return (f"{primary.get('cause')} ({primary.get('layer')}, confidence {primary.get('confidence')}); symptom "
+            f"{diagnosis.get('symptom')} at step {diagnosis.get('spike_step')}, onset {diagnosis.get('onset_step')}; "
+            f"culprits {fold_nodes(diagnosis.get('culprit_nodes') or []) or 'none'}; resume from "
+            f"{resume.get('path') or 'nothing verified before the onset'}; {len(diagnosis.get('findings') or [])} "
+            f"finding(s), missing: {'; '.join(diagnosis.get('missing') or []) or 'nothing'}")

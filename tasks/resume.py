@@ -3,6 +3,7 @@ remediation's environment."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +35,8 @@ def resume(job_id: str, scheduler: SchedulerRef, bundle: str, incident: str, che
 def isolate_and_resume(job_id: str, scheduler: SchedulerRef, bundle: str, incident: str,
                        diagnosis: dict[str, Any], gate: Any, approved: bool, why: str, *, stopped: bool,
                        can_resume: bool, env: dict[str, str], remediation: str,
-                       for_a_person: list[str], notifier: Any) -> dict[str, Any]:
+                       for_a_person: list[str], notifier: Any,
+                       links: Mapping[str, str] | None = None) -> dict[str, Any]:
     """Drain the approved culprits and resume without them, in one Prefect transaction: if the
     job cannot be resumed without the drained nodes, the drain is rolled back.
 
@@ -58,7 +60,7 @@ def isolate_and_resume(job_id: str, scheduler: SchedulerRef, bundle: str, incide
                 result["actions"] += drained
                 excluded = [a["target"] for a in drained if a["outcome"] in SUCCESS]
                 if notifier:
-                    notifier.stage("isolate", f"{why}; " + describe_actions(drained, "drain"))
+                    notifier.stage("isolate", f"{why}; " + describe_actions(drained, "drain"), links=links)
             if must_stop_before_resume(excluded, stopped=result["stopped"], can_resume=can_resume,
                                        resume_from=resume_from):
                 done = stop_job(job_id, scheduler, bundle, incident)
@@ -74,12 +76,13 @@ def isolate_and_resume(job_id: str, scheduler: SchedulerRef, bundle: str, incide
                 result["resumed"] = done
                 if notifier and done["outcome"] in SUCCESS:
                     notifier.stage("resume", f"{done['detail']}; remediation: {remediation}"
-                                   + (f". Left to a person: {'; '.join(for_a_person)}" if for_a_person else ""))
+                                   + (f". Left to a person: {'; '.join(for_a_person)}" if for_a_person else ""),
+                                   links=links)
                 if done["outcome"] in ("failed", "refused") and excluded:
                     raise ResumeFailed(done["detail"])
     except ResumeFailed as exc:
         result["rolled_back"] = f"resume failed ({exc}); the drained nodes were released"
         result["resumed"] = {"outcome": "not resumed", "detail": result["rolled_back"]}
         if notifier:
-            notifier.stage("rollback", result["rolled_back"])
+            notifier.stage("rollback", result["rolled_back"], links=links)
     return result

@@ -16,7 +16,6 @@ The receiver (``deployments/``) calls ``prefect_starter``; the watcher's flow ca
 from __future__ import annotations
 
 import json
-import os
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -41,13 +40,17 @@ def prefect_starter(config: SpikeopsConfig, deployment: str = DEPLOYMENT_NAME, *
     from prefect.deployments import run_deployment
 
     def start(alert: Alert, key: str) -> str:
-        parameters = config.flow_parameters(alert.job, alert.cluster)
-        parameters["incident_id"] = key.replace("alert-", "inc-")
-        parameters["alert"] = {"source": alert.source, "received": alert.starts_at, "payload": {
-            "alertname": alert.name, "labels": alert.labels, "fingerprint": alert.fingerprint}}
-        run = run_deployment(deployment, parameters={"params": parameters}, idempotency_key=key, timeout=0)
+        resolved = config.flow_parameters(alert.job, alert.cluster)  # an unknown cluster is refused here
+        cluster = alert.cluster or next(iter(config.clusters))
+        overrides = {"incident_id": key.replace("alert-", "inc-"), "alert": {
+            "source": alert.source, "received": alert.starts_at, "payload": {
+                "alertname": alert.name, "labels": alert.labels, "fingerprint": alert.fingerprint}}}
+        run = run_deployment(deployment, parameters={"job_id": alert.job, "cluster": cluster, "overrides": overrides},
+                             idempotency_key=key, timeout=0, flow_run_name=f"job-{alert.job}-{alert.name}"[:100],
+                             tags=[f"job:{alert.job}", f"cluster:{cluster}"])
         if announce:
-            threading.Thread(target=open_thread, args=(parameters, alert, str(run.id)), daemon=True).start()
+            threading.Thread(target=open_thread, args=({**resolved, **overrides}, alert, str(run.id)),
+                             daemon=True).start()
         return str(run.id)
 
     return start
@@ -64,9 +67,11 @@ def open_thread(parameters: dict[str, Any], alert: Alert, run_id: str) -> None:
     bundle.mkdir(parents=True, exist_ok=True)
     incident = {"incident_id": parameters["incident_id"], "job": {"id": alert.job},
                 "alert": {"source": alert.source, "received": alert.starts_at}}
-    ui = os.environ.get("PREFECT_UI_URL") or None
+    from prefect.utilities.urls import url_for
+
+    url = url_for("flow-run", obj_id=run_id)
     SlackNotifier(bundle, channel=parameters.get("slack_channel")).open(
-        incident, symptom=None, links={"flow_run": f"{ui}/runs/flow-run/{run_id}"} if ui else None)
+        incident, symptom=None, links={"flow_run": url} if url else None)
 
 
 def deployment_target(config: SpikeopsConfig, job: str, cluster: str | None, *,

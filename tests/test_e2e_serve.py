@@ -111,7 +111,7 @@ def test_alert_to_a_completed_incident_with_real_servers(tmp_path: Path) -> None
     try:
         with local_incident(tmp_path, tmp_path / "cluster", nodes=5, first_address="127.0.14.11") as (
                 cluster, scheduler, job, config):
-            _wait_http(f"{api}/health", 90, server)
+            _wait_http(f"{api}/health", 180, server)
             serving = subprocess.Popen([str(BIN / "spikeops"), "serve", "--config", str(config),
                                         "--addr", f"127.0.0.1:{receiver_port}"], env=env, stdout=logs,
                                        stderr=subprocess.STDOUT, start_new_session=True)

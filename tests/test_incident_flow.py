@@ -41,16 +41,16 @@ def world(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.Mo
 
 
 def test_an_xid_incident_is_stopped_diagnosed_isolated_and_resumed(world, prefect_server: None) -> None:
-    from flows.incident_response import IncidentParams, incident_response
+    from flows.incident_response import incident_response
 
     cluster, slack, scheduler, job, tmp_path = world
-    params = IncidentParams(
+    params = flow_params(
         job_id=job, inventory=str(cluster.inventory), run_dir=str(cluster.scenario_bundle),
         checkpoint_root=str(tmp_path / "ckpt"), incidents_dir=str(tmp_path / "incidents"),
         incident_id="inc-flow-1", scheduler="local", scheduler_state_dir=str(tmp_path / "sched"),
         approval="auto-hardware", observe_timeout_s=1,
     )
-    outcome = incident_response(params)
+    outcome = incident_response(**params)
     assert outcome["symptom"]["symptom"] == "instant_nan"
     expected = json.loads((cluster.scenario_bundle / "diagnosis.expected.json").read_text()) \
         if (cluster.scenario_bundle / "diagnosis.expected.json").exists() else None
@@ -77,21 +77,26 @@ def test_an_xid_incident_is_stopped_diagnosed_isolated_and_resumed(world, prefec
     assert (bundle / "report.md").is_file() and (bundle / "actions.jsonl").is_file()
     # a rerun of the same incident stops, drains and resubmits nothing more
     before = len(scheduler.jobs())
-    again = incident_response(params)
+    again = incident_response(**params)
     assert len(scheduler.jobs()) == before
     assert {a["outcome"] for a in again["actions"]} <= {"nothing-to-do"}
     scheduler.stop(resumed["extra"]["new_job"], grace=0.5)
 
 
-def _params(world, **overrides):
-    from flows.incident_response import IncidentParams
+def flow_params(job_id: str, cluster: str | None = None, **overrides) -> dict:
+    """The flow's keyword arguments: the job, the cluster, and every other field as an override."""
+    from flows.incident_response import IncidentOverrides
 
+    return {"job_id": job_id, "cluster": cluster, "overrides": IncidentOverrides(**overrides)}
+
+
+def _params(world, **overrides):
     cluster, _, _, job, tmp_path = world
     base = dict(job_id=job, inventory=str(cluster.inventory), run_dir=str(cluster.scenario_bundle),
                 checkpoint_root=str(tmp_path / "ckpt"), incidents_dir=str(tmp_path / "incidents"),
                 incident_id="inc-flow-2", scheduler="local", scheduler_state_dir=str(tmp_path / "sched"),
                 observe_timeout_s=1)
-    return IncidentParams(**{**base, **overrides})
+    return flow_params(**{**base, **overrides})
 
 
 def _decline_when_paused(world, **overrides) -> tuple[dict, list[str]]:
@@ -108,7 +113,7 @@ def _decline_when_paused(world, **overrides) -> tuple[dict, list[str]]:
     slack = world[1]
     result: dict = {}
     runner = threading.Thread(target=lambda: result.update(incident_response(
-        _params(world, approval_timeout_s=120, **overrides))))
+        **_params(world, approval_timeout_s=120, **overrides))))
     runner.start()
     paused = None
     deadline = time.monotonic() + 90
@@ -153,7 +158,7 @@ def test_a_false_alarm_changes_nothing(world, prefect_server: None) -> None:
     from flows.incident_response import incident_response
 
     _, _, scheduler, job, _ = world
-    outcome = incident_response(_params(world, incident_id="inc-flow-3"))
+    outcome = incident_response(**_params(world, incident_id="inc-flow-3"))
     assert outcome["diagnosis"]["primary"]["cause"] == "false_alarm" and outcome["actions"] == []
     assert scheduler.show_job(job).state == "RUNNING" and scheduler.drained() == []
     scheduler.stop(job, grace=0.5)
@@ -164,7 +169,7 @@ def test_a_single_spike_from_data_keeps_the_job_running(world, prefect_server: N
     from flows.incident_response import incident_response
 
     _, _, scheduler, job, _ = world
-    outcome = incident_response(_params(world, incident_id="inc-flow-4"))
+    outcome = incident_response(**_params(world, incident_id="inc-flow-4"))
     assert outcome["diagnosis"]["primary"]["cause"] == "overlong_sample"
     assert outcome["symptom"]["symptom"] == "single_spike"
     assert scheduler.show_job(job).state == "RUNNING"  # the matrix: record and observe, do not stop
@@ -180,7 +185,7 @@ def test_a_resume_that_cannot_happen_rolls_the_isolation_back(world, prefect_ser
 
     _, slack, scheduler, job, _ = world
     scheduler.set_node("spare-001", "DOWN", "RMA 1234", "bob")
-    outcome = incident_response(_params(world, incident_id="inc-flow-5", approval="auto-hardware"))
+    outcome = incident_response(**_params(world, incident_id="inc-flow-5", approval="auto-hardware"))
     assert [a["outcome"] for a in outcome["actions"] if a["action"] == "drain"] == ["done"]
     assert outcome["resumed"]["outcome"] == "not resumed" and "released" in outcome["rolled_back"]
     assert scheduler.drained() == []  # rolled back
@@ -193,7 +198,7 @@ def test_a_broken_flow_says_so_in_the_thread(world, prefect_server: None, tmp_pa
 
     _, slack, scheduler, job, _ = world
     with pytest.raises(Exception, match="no such inventory"):
-        incident_response(_params(world, incident_id="inc-flow-6", inventory=str(tmp_path / "missing.toml")))
+        incident_response(**_params(world, incident_id="inc-flow-6", inventory=str(tmp_path / "missing.toml")))
     parent = next(m for m in slack.messages if m.thread_ts is None)
     failure = [m for m in slack.thread(parent.ts) if "incident flow failed" in m.text]
     assert failure and "no such inventory" in failure[0].text
@@ -205,7 +210,7 @@ def test_a_data_nan_resumes_with_its_batches_skipped(world, prefect_server: None
     from flows.incident_response import incident_response
 
     cluster, slack, scheduler, job, _ = world
-    outcome = incident_response(_params(world, incident_id="inc-flow-data", approval="auto-hardware"))
+    outcome = incident_response(**_params(world, incident_id="inc-flow-data", approval="auto-hardware"))
     assert outcome["symptom"]["symptom"] == "instant_nan"
     assert outcome["diagnosis"]["primary"]["cause"] == "overlong_sample" and not scheduler.drained()
     resumed = outcome["resumed"]
@@ -247,3 +252,18 @@ def test_incidents_of_one_job_wait_for_each_other(prefect_server: None) -> None:
         holder.join(30)
     with one_incident_per_job("77001", timeout_s=10):  # free again once the first ended
         pass
+
+
+def test_preflight_refuses_a_bad_path_before_the_job_is_touched(world, prefect_server: None, tmp_path: Path) -> None:
+    from flows.incident_response import incident_response
+
+    _, slack, scheduler, job, _ = world
+    with pytest.raises(Exception, match="preflight refused") as error:
+        incident_response(**_params(world, incident_id="inc-flow-typo", run_dir=str(tmp_path / "runz"),
+                                    checkpoint_root=str(tmp_path / "ckptz")))
+    assert "run_dir" in str(error.value) and "checkpoint_root" in str(error.value)
+    assert scheduler.show_job(job).state == "RUNNING"  # nothing was stopped
+    assert not scheduler.drained()
+    failure = [m.text for m in slack.messages if "incident flow failed" in m.text]
+    assert failure and "not touched" in failure[0] and "runz: no such directory" in failure[0]
+    scheduler.stop(job, grace=0.5)

@@ -88,12 +88,12 @@ class World:
         return path.read_text().splitlines() if path.is_file() else []
 
     def params(self, incident_id: str, **overrides: Any):
-        from flows.incident_response import IncidentParams
+        from tests.test_incident_flow import flow_params
 
         base = dict(job_id=self.job, inventory=str(self.cluster.inventory), run_dir=str(self.cluster.scenario_bundle),
                     checkpoint_root=str(self.tmp / "ckpt"), incidents_dir=str(self.tmp / "incidents"),
                     incident_id=incident_id, scheduler="slurm", observe_timeout_s=1)
-        return IncidentParams(**{**base, **overrides})
+        return flow_params(**{**base, **overrides})
 
 
 def _wait(what: str, probe: Callable[[], Any], seconds: float = 30) -> Any:
@@ -164,7 +164,7 @@ def _paused_run(incident_id: str, runner: threading.Thread) -> Any:
     with get_client(sync_client=True) as client:
         while time.monotonic() < deadline and runner.is_alive():
             for run in client.read_flow_runs(flow_run_filter=paused_filter):
-                if ((run.parameters or {}).get("params") or {}).get("incident_id") == incident_id:
+                if ((run.parameters or {}).get("overrides") or {}).get("incident_id") == incident_id:
                     return run
             time.sleep(0.3)
     return None
@@ -181,13 +181,13 @@ def _run_approved(params: Any) -> dict[str, Any]:
 
     def body() -> None:
         try:
-            result.update(incident_response(params))
+            result.update(incident_response(**params))
         except BaseException as exc:  # noqa: BLE001 - reported below, in the test's thread
             failed.append(exc)
 
     runner = threading.Thread(target=body)
     runner.start()
-    paused = _paused_run(params.incident_id, runner)
+    paused = _paused_run(params["overrides"].incident_id, runner)
     if paused is not None:
         resume_flow_run(paused.id, run_input={"approve": True, "approver": "test"})
     runner.join(180)
@@ -259,7 +259,7 @@ def _data_single_spike(answer: Expected) -> bool:
 def test_a_single_spike_from_data_keeps_the_slurm_job_running(world: World, prefect_server: None) -> None:
     from flows.incident_response import incident_response
 
-    outcome = incident_response(world.params("inc-slurm-spike"))
+    outcome = incident_response(**world.params("inc-slurm-spike"))
     assert outcome["symptom"]["symptom"] == "single_spike" and outcome["observed"]["symptom"] == "single_spike"
     assert outcome["diagnosis"]["primary"]["cause"] == world.answer.cause
     assert outcome["diagnosis"]["culprit_nodes"] == [] and outcome["actions"] == []
@@ -271,7 +271,7 @@ def test_a_single_spike_from_data_keeps_the_slurm_job_running(world: World, pref
 def test_a_false_alarm_changes_nothing_on_slurm(world: World, prefect_server: None) -> None:
     from flows.incident_response import incident_response
 
-    outcome = incident_response(world.params("inc-slurm-false"))
+    outcome = incident_response(**world.params("inc-slurm-false"))
     assert outcome["diagnosis"]["primary"]["cause"] == "false_alarm" and outcome["actions"] == []
     assert world.state(world.job) == "RUNNING" and world.jobs() == [world.job]
     assert world.scheduler.drained() == [] and not (world.tmp / "usr1.txt").exists()

@@ -108,3 +108,12 @@ def test_texts_for_the_thread():
     assert outcome_summary({"outcome": "not resumed", "detail": "why"}, stopped=True) == "why"
     assert outcome_summary(None, stopped=False) == "kept running, observed"
     assert outcome_summary(None, stopped=True) == "stopped"
+
+
+def test_an_inconclusive_diagnosis_never_resumes_a_stopped_job_on_the_policy_alone():
+    unsure = _diagnosis(layer="none", cause="inconclusive", confidence=0.2, culprits=())
+    for policy in ("auto-hardware", "never", "always"):
+        gate = approval_gate(policy, unsure, stopped=True)
+        assert gate.action == "resume" and gate.ask, policy
+    assert "inconclusive" in approval_gate("auto-hardware", unsure, stopped=True).question
+    assert approval_gate("auto-hardware", unsure, stopped=False).action is None  # still running: nothing to resume

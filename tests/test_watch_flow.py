@@ -98,9 +98,9 @@ def test_receiver_target_storm_makes_one_run(tmp_path: Path, receiver: str, depl
     assert len(notes) == 1 and next(iter(notes)).startswith("flow run ")
     new = [run for run in _runs(deployment_id) if str(run.id) not in before]
     assert [f"flow run {run.id}" for run in new] == list(notes)
-    params = new[0].parameters["params"]
-    assert params["job_id"] == "4412" and params["run_dir"] == f"{tmp_path}/runs/4412"
-    labels = params["alert"]["payload"]["labels"]
+    params = new[0].parameters
+    assert params["job_id"] == "4412" and params["cluster"] == "sim"  # the rest comes from spikeops.toml
+    labels = params["overrides"]["alert"]["payload"]["labels"]
     assert labels["kind"] == "nan" and labels["step"] == "250" and labels["source"] == "spikeops-watch"
     with pytest.raises(InputError, match="HTTP 401"):
         post_to_receiver(receiver, {"job": "4412"}, token="wrong")
@@ -128,9 +128,9 @@ def test_watch_flow_starts_the_incident_deployment_once(tmp_path: Path, deployme
     assert [(s["anomaly"]["kind"], s["anomaly"]["step"]) for s in started] == [("nan", 300)]
     new = [run for run in _runs(deployment_id) if str(run.id) not in before]
     assert [str(run.id) for run in new] == [started[0]["flow_run"]]
-    params = new[0].parameters["params"]
-    assert params["job_id"] == "4412" and params["incident_id"].startswith("inc-")
-    assert params["alert"]["payload"]["labels"]["step"] == "300"
+    params = new[0].parameters
+    assert params["job_id"] == "4412" and params["overrides"]["incident_id"].startswith("inc-")
+    assert params["overrides"]["alert"]["payload"]["labels"]["step"] == "300"
     # Watching the same file again (a restarted watcher), by the flow or by the CLI, finds
     # the same run through the idempotency key.
     again = watch_job(job="4412", cluster="sim", metrics=str(path), config=str(config), once=True,

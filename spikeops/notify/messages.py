@@ -16,6 +16,7 @@ from typing import Any
 from spikeops.inventory import fold_nodes
 
 __all__ = [
+    "approval_markdown",
     "MAX_BLOCKS",
     "MAX_SECTION",
     "MAX_HEADER",
@@ -106,9 +107,45 @@ def opening(incident: Mapping[str, Any], *, symptom: str | None = None, spike_st
     return text, fit_blocks(blocks)
 
 
-def stage(text: str) -> tuple[str, list[dict[str, Any]]]:
-    """A reply for a finished stage (collected 14/16 nodes, job stopped, …)."""
-    return redact(text), [_section(text)]
+def stage(text: str, links: Mapping[str, str] | None = None) -> tuple[str, list[dict[str, Any]]]:
+    """A reply for a finished stage (collected 14/16 nodes, job stopped, …); a stage that asks
+    for or reports a decision carries a button to the flow run."""
+    return redact(text), fit_blocks([_section(text)] + _buttons(links))
+
+
+def approval_markdown(question: str, diagnosis: Mapping[str, Any], *, remediation: str,
+                      for_a_person: Sequence[str] = (), timeout_s: int | None = None) -> str:
+    """What a person reads on the approval page (Markdown, rendered by the Prefect UI): what
+    is asked, on what evidence, from which checkpoint, with which remediation."""
+    primary = diagnosis.get("primary") or {}
+    culprits = list(diagnosis.get("culprit_nodes") or [])
+    resume = diagnosis.get("resume_from") or {}
+    lines = [f"### Approve: {question}", "",
+             f"- **Cause**: `{primary.get('cause')}` ({primary.get('layer')} layer, confidence "
+             f"{float(primary.get('confidence') or 0):.2f})",
+             f"- **Symptom**: {diagnosis.get('symptom')} (spike step {diagnosis.get('spike_step')}, "
+             f"onset step {diagnosis.get('onset_step')})",
+             f"- **Culprit nodes**: {fold_nodes(culprits) + f' ({len(culprits)})' if culprits else 'none'}",
+             f"- **Resume from**: {resume.get('path')} (step {resume.get('step')})" if resume
+             else "- **Resume from**: no verified checkpoint before the onset",
+             f"- **Remediation for the resumed job**: {remediation}"]
+    if for_a_person:
+        lines.append(f"- **Left to a person**: {'; '.join(for_a_person)}")
+    primary_finding = (diagnosis.get("findings") or [{}])[0]
+    evidence = list(primary_finding.get("evidence") or [])[:MAX_EVIDENCE]
+    if evidence:
+        fence = "`" * 3
+        lines += ["", f"**Evidence** ({primary_finding.get('cause')})", "", fence]
+        lines += [(f"{e.get('file')}:{e.get('line')}: " if e.get("line") is not None else f"{e.get('file')}: ")
+                  + str(e.get("text", ""))[:240].replace(fence, "'''") for e in evidence]
+        lines.append(fence)
+    summary = (diagnosis.get("findings") or [{}])[0].get("summary")
+    if summary:
+        lines += ["", f"_{str(summary)[:500]}_"]
+    wait = f" within {timeout_s // 60} min" if timeout_s and timeout_s >= 120 else ""
+    lines += ["", f"**approve = true** does exactly this; **false** (or no answer{wait}) does nothing more: "
+              "a stopped job stays stopped. Say who you are and why: both are kept in the incident's audit trail."]
+    return redact("\n".join(lines))
 
 
 def _finding_text(finding: Mapping[str, Any]) -> str:

@@ -146,8 +146,8 @@ class SlackNotifier:
         text, blocks = messages.opening(incident, symptom=symptom, spike_step=spike_step, links=links)
         return self._post("open", text, blocks, threaded=False)
 
-    def stage(self, key: str, text: str) -> Delivery:
-        body, blocks = messages.stage(text)
+    def stage(self, key: str, text: str, links: Mapping[str, str] | None = None) -> Delivery:
+        body, blocks = messages.stage(text, links)
         return self._post(f"stage:{key}", body, blocks)
 
     def diagnosis(self, diagnosis: Mapping[str, Any], incident: Mapping[str, Any], *,
