@@ -360,6 +360,70 @@ def test_a_dry_run_resume_names_the_environment_without_writing_or_submitting(
     _scheduler(slurm, tmp_path).stop(job)
 
 
+# ---------------------------------------------------------------------------- over SSH
+
+
+@pytest.fixture
+def login_node(tmp_path: Path) -> Iterator[Any]:
+    """A real sshd on a loopback address with SFTP, and a paramiko client logged in to it as
+    this user (the login node an ``SshRunner`` runs Slurm's commands on)."""
+    import paramiko
+
+    from spikeops.sim import cluster as simcluster
+    from spikeops.sim import sshd
+
+    if not os.access("/usr/sbin/sshd", os.X_OK) or os.geteuid() != 0:
+        pytest.skip("needs /usr/sbin/sshd and root")
+    address = "127.0.53.1"
+    port = simcluster.free_port((address,))
+    sshd.keygen(tmp_path / "host_key", "login-node")
+    sshd.keygen(tmp_path / "client_key", "spikeops")
+    (tmp_path / "authorized_keys").write_text((tmp_path / "client_key.pub").read_text())
+    config = tmp_path / "sshd_config"
+    config.write_text("\n".join([
+        f"ListenAddress {address}:{port}", f"HostKey {tmp_path / 'host_key'}",
+        f"AuthorizedKeysFile {tmp_path / 'authorized_keys'}", f"PidFile {tmp_path / 'sshd.pid'}",
+        "StrictModes no", "UsePAM no", "PermitRootLogin prohibit-password", "PasswordAuthentication no",
+        "KbdInteractiveAuthentication no", "PermitUserEnvironment no", "UseDNS no", "LogLevel ERROR",
+        "Subsystem sftp internal-sftp"]) + "\n")
+    sshd.ensure_privsep_dir()
+    server = subprocess.Popen(["/usr/sbin/sshd", "-D", "-e", "-f", str(config)], stderr=subprocess.PIPE)
+    client = paramiko.SSHClient()
+    try:
+        sshd.wait_listening([address], port, timeout=20)
+        host_key = paramiko.PKey.from_path(tmp_path / "host_key")
+        client.get_host_keys().add(f"[{address}]:{port}", host_key.get_name(), host_key)
+        client.connect(address, port=port, username="root", pkey=paramiko.PKey.from_path(tmp_path / "client_key"),
+                       allow_agent=False, look_for_keys=False, timeout=20)
+        yield client
+    finally:
+        client.close()
+        server.terminate()
+        server.wait(10)
+
+
+def test_the_ssh_runner_sends_only_its_own_variables_and_stages_files_privately(
+        login_node: Any, orchestrator: dict[str, str]) -> None:
+    from spikeops.schedulers.base import SshRunner
+
+    runner = SshRunner(login_node, "login", env={"SLURM_CONF": "/etc/slurm/x.conf"})
+    run = runner.run(["sh", "-c", 'umask; echo "$SLURM_CONF ${SLACK_BOT_TOKEN:-none} ${PREFECT_API_KEY:-none}"'],
+                     timeout=20, umask=0o027)
+    assert run.ok and run.stdout.split("\n")[:2] == ["0027", "/etc/slurm/x.conf none none"], run
+    data = format_env_file({"A": "1", "B": "a,b c\nd"})
+    path = runner.put_file(data, "spikeops-env-1-")
+    try:
+        assert os.stat(path).st_mode & 0o777 == 0o600  # the login node is this machine
+        assert runner.read_file(path, 1 << 10) == data
+        with pytest.raises(OSError, match="over 3 bytes"):
+            runner.read_file(path, 3)
+    finally:
+        runner.remove_file(path)
+    assert not os.path.exists(path)
+    with pytest.raises(OSError):
+        runner.read_file(path, 10)
+
+
 # ---------------------------------------------------------------------------- through the flow
 
 

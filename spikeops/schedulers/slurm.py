@@ -445,7 +445,8 @@ class SlurmScheduler:
         if own_env is None:
             result.outcome = "refused"
             result.detail = (f"{source}; not resubmitted, so that spikeops' own environment cannot stand in for "
-                             "the job's (preserve the job while it runs, or use --requeue)")
+                             "the job's (run spikeops where StateSaveLocation is readable and preserve the job "
+                             "while it runs, or use --requeue: docs/schedulers.md)")
             return self._finish(result)
         body = Path(script).read_text() if script else None
         if body is None:
