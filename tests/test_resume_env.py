@@ -280,7 +280,7 @@ def _submit_as_user(slurm: slurmcluster.SlurmCluster, directory: Path, own: dict
 def _started(directory: Path, job: str) -> bytes:
     path = directory / f"env-{job}"
     return _wait(f"job {job} started", lambda: path.is_file() and path.read_bytes() and (
-        directory / f"umask-{job}").is_file() and path.read_bytes())
+        directory / f"umask-{job}").is_file() and path.read_bytes(), seconds=90)  # a loaded 2-core CI machine
 
 
 def _scheduler(slurm: slurmcluster.SlurmCluster, directory: Path, **config: Any) -> SlurmScheduler:
