@@ -11,7 +11,10 @@ Remediations that need a person (check the data loader, the fabric, the cooling,
 versions) are listed apart, so the thread says what is left to do, and nothing pretends
 they were done.
 
-Values never contain a comma or a newline: Slurm's ``--export=ALL,K=V`` splits on commas.
+Values stay plain (``[A-Za-z0-9_.:/+@%=-]``, no comma, no newline, no space): a diagnosis is
+data, and data must not smuggle shell or list syntax into a production job's environment. (The
+resubmission itself carries any value: ``sbatch --export-file``, docs/schedulers.md.) These
+variables are the only ones the resumed job gets beyond its own submission environment.
 """
 
 from __future__ import annotations

@@ -1,9 +1,11 @@
 """A scheduler of local processes, for the demo and for machines without Slurm.
 
 The same actions and safety rules as Slurm (``policy``), over a state directory: jobs are
-process groups started here (their pid, command, environment and node list in
-``jobs/<id>.json``, their exit status in ``jobs/<id>.exit``), nodes are names with a state
-and a reason in ``nodes.json``. It is what ``spikeops demo`` uses when Slurm's packages are
+process groups started here (their pid, command, added variables and node list in
+``jobs/<id>.json``, their whole submission environment in ``jobs/<id>.env``, NUL-separated
+and 0600, as Slurm keeps one; their exit status in ``jobs/<id>.exit``), nodes are names with
+a state and a reason in ``nodes.json``. A resume starts the job again with its own stored
+environment plus the remediation, never with the environment of the process resuming it. It is what ``spikeops demo`` uses when Slurm's packages are
 absent, so the pipeline runs end to end on one laptop with the same audit trail.
 """
 
@@ -26,10 +28,20 @@ from spikeops.inventory import fold_nodes
 from spikeops.remediation import check_env
 from spikeops.probes.slurm import is_spikeops_reason
 from spikeops.schedulers.base import ActionLog, ActionResult, SchedulerError
+from spikeops.schedulers.jobenv import (
+    ENV_FILE_LIMIT,
+    EnvFormatError,
+    format_env_file,
+    parse_env_file,
+    resume_environment,
+)
 from spikeops.schedulers.policy import drain_verdict, release_verdict
 from spikeops.schedulers.slurm import STOP_MODES, _check_nodes, drain_reason
 
 __all__ = ["LocalScheduler", "LocalNode", "LocalJob"]
+
+#: Set by ``submit`` for each start, so never carried from one start to the next.
+_PER_JOB = ("SPIKEOPS_LOCAL_JOB", "SPIKEOPS_JOB_NODES")
 
 
 @dataclass
@@ -138,17 +150,48 @@ class LocalScheduler:
     def jobs(self) -> list[LocalJob]:
         return [self.show_job(p.stem) for p in sorted((self.directory / "jobs").glob("*.json"))]
 
+    def _env_path(self, job: str) -> Path:
+        return self.directory / "jobs" / f"{job}.env"
+
+    def job_environment(self, job: str) -> tuple[dict[str, str] | None, str]:
+        """The environment ``job`` was submitted with (``jobs/<id>.env``), or None and why."""
+        path = self._env_path(job)
+        try:
+            with path.open("rb") as handle:
+                data = handle.read(ENV_FILE_LIMIT + 1)
+            if len(data) > ENV_FILE_LIMIT:
+                raise EnvFormatError(f"over {ENV_FILE_LIMIT} bytes")
+            environment = parse_env_file(data)
+        except FileNotFoundError:
+            return None, f"job {job} has no stored environment ({path} is missing)"
+        except (OSError, EnvFormatError) as exc:
+            return None, f"job {job}'s environment could not be read: {str(exc).splitlines()[0][:200]}"
+        for name in _PER_JOB:
+            environment.pop(name, None)
+        return environment, f"stored ({path})"
+
     # ------------------------------------------------------------------ submitting
     def submit(self, argv: Sequence[str], nodes: Iterable[str], *, env: Mapping[str, str] | None = None,
-               cwd: str | None = None, comment: str | None = None, exclude: Iterable[str] = ()) -> str:
-        """Start ``argv`` as a job on ``nodes`` (minus ``exclude``); its id."""
+               cwd: str | None = None, comment: str | None = None, exclude: Iterable[str] = (),
+               environment: Mapping[str, str] | None = None) -> str:
+        """Start ``argv`` as a job on ``nodes`` (minus ``exclude``); its id. The job's
+        environment is ``environment`` (default: the caller's, as ``sbatch`` exports it)
+        with ``env`` added; it is stored, so that a resume can give it back."""
         existing = [int(p.stem) for p in (self.directory / "jobs").glob("*.json") if p.stem.isdigit()]
         job = str(max(existing, default=1000) + 1)
         exit_file = self.directory / "jobs" / f"{job}.exit"
-        wrapper = [sys.executable, "-c",
+        # -I: the job's PYTHONPATH/PYTHONHOME must not change the interpreter of this wrapper
+        wrapper = [sys.executable, "-I", "-c",
                    "import subprocess,sys; code=subprocess.call(sys.argv[2:]); open(sys.argv[1],'w').write(str(code))",
                    str(exit_file), *argv]
-        full_env = dict(os.environ, **(env or {}), SPIKEOPS_LOCAL_JOB=job,
+        submitted = {**dict(os.environ if environment is None else environment), **(env or {})}
+        try:
+            stored = format_env_file(submitted)
+        except EnvFormatError as exc:
+            raise InputError(str(exc)) from None
+        atomic_write(self._env_path(job), stored)
+        os.chmod(self._env_path(job), 0o600)
+        full_env = dict(submitted, SPIKEOPS_LOCAL_JOB=job,
                         SPIKEOPS_JOB_NODES=fold_nodes([n for n in nodes if n not in set(exclude)]))
         log_file = open(self.directory / "jobs" / f"{job}.out", "wb")  # noqa: SIM115
         with log_file:
@@ -252,6 +295,9 @@ class LocalScheduler:
 
     def resume(self, job: str, checkpoint: str, *, exclude: Iterable[str] = (), resume_env: str = "SPIKEOPS_RESUME_FROM",
                key: str | None = None, env: Mapping[str, str] | None = None, **_: Any) -> ActionResult:
+        """Start the job again on healthy nodes, with the environment it was submitted with,
+        ``env`` (the remediation) and ``resume_env=checkpoint``; refused when its stored
+        environment is gone rather than started with the caller's."""
         excluded = _check_nodes(exclude) if list(exclude) else []
         try:
             extra_env = check_env(env or {})
@@ -272,13 +318,20 @@ class LocalScheduler:
         if len(nodes) < len(info.nodes):
             result.outcome, result.detail = "refused", f"not enough healthy nodes: {len(nodes)} of {len(info.nodes)}"
             return self._finish(result)
+        own_env, source = self.job_environment(job)
+        if own_env is None:
+            result.outcome = "refused"
+            result.detail = f"{source}; not restarted with the environment of the process resuming it"
+            return self._finish(result)
+        result.extra["environment"] = {"source": source, "variables": len(own_env)}
         if self.dry_run:
             result.outcome, result.detail = "dry-run", f"would start {' '.join(info.argv)} on {fold_nodes(nodes)}"
             return self._finish(result)
         if extra_env:
             result.extra["env"] = extra_env
-        new = self.submit(info.argv, nodes, env={**info.env, **extra_env, resume_env: checkpoint}, cwd=info.cwd,
-                          comment=key, exclude=excluded)
+        remediation = {**extra_env, resume_env: checkpoint}
+        new = self.submit(info.argv, nodes, environment=resume_environment(own_env, remediation), env=remediation,
+                          cwd=info.cwd, comment=key, exclude=excluded)
         result.extra["new_job"] = new
         result.outcome, result.detail = "done", f"resubmitted as job {new} on {fold_nodes(nodes)} from {checkpoint}"
         return self._finish(result)

@@ -9,6 +9,9 @@
   command that exited 0 without the effect is ``failed``, not ``done``.
 - A resubmission carries ``--comment=spikeops-resume:<job>:<key>``; a second resume of the
   same incident finds it and submits nothing.
+- A resubmitted job gets the environment it was submitted with (Slurm's own copy, kept by
+  ``preserve``) plus the remediation, through ``sbatch --export-file``; never the environment
+  of the process resuming it. Where the job's environment cannot be read, resume refuses.
 
 Commands are argument lists run by a ``Runner`` (locally with ``SLURM_CONF`` honoured, or on
 a login node over SSH); each path is configurable (``SlurmConfig``).
@@ -19,11 +22,11 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-import tempfile
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from spikeops.collect.plan import check_job_id
 from spikeops.errors import InputError
@@ -37,9 +40,18 @@ from spikeops.probes.slurm import (
     parse_show_node,
 )
 from spikeops.schedulers.base import ActionLog, ActionResult, CommandRun, Runner, SchedulerError
+from spikeops.schedulers.jobenv import (
+    ENV_FILE_LIMIT,
+    EnvFormatError,
+    format_env_file,
+    parse_env_file,
+    parse_slurm_state_env,
+    resume_environment,
+    slurm_state_env_path,
+)
 from spikeops.schedulers.policy import drain_verdict, release_verdict
 
-__all__ = ["SlurmConfig", "SlurmScheduler", "drain_reason", "STOP_MODES"]
+__all__ = ["SlurmConfig", "SlurmScheduler", "drain_reason", "env_file_name", "STOP_MODES"]
 
 STOP_MODES = ("cancel", "requeue", "hold")
 _NODE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -47,14 +59,19 @@ _SIGNAL = re.compile(r"^(?:SIG)?[A-Z][A-Z0-9]{1,10}$|^[0-9]{1,2}$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
+def _from_env(name: str, default: str) -> Any:
+    return field(default_factory=lambda: os.environ.get(name, default))
+
+
 @dataclass(frozen=True)
 class SlurmConfig:
-    """Paths and policy. Paths default to ``$SPIKEOPS_<NAME>`` when set, else the bare name."""
+    """Paths and policy. Paths default to ``$SPIKEOPS_<NAME>`` when set (read when the config
+    is made, not when spikeops is imported), else the bare name."""
 
-    scontrol: str = os.environ.get("SPIKEOPS_SCONTROL", "scontrol")
-    sbatch: str = os.environ.get("SPIKEOPS_SBATCH", "sbatch")
-    scancel: str = os.environ.get("SPIKEOPS_SCANCEL", "scancel")
-    squeue: str = os.environ.get("SPIKEOPS_SQUEUE", "squeue")
+    scontrol: str = _from_env("SPIKEOPS_SCONTROL", "scontrol")
+    sbatch: str = _from_env("SPIKEOPS_SBATCH", "sbatch")
+    scancel: str = _from_env("SPIKEOPS_SCANCEL", "scancel")
+    squeue: str = _from_env("SPIKEOPS_SQUEUE", "squeue")
     timeout: float = 30.0
     #: Seconds between the signal (a checkpoint-and-exit request) and the cancel.
     signal_grace: float = 30.0
@@ -62,6 +79,15 @@ class SlurmConfig:
     resume_env: str | None = "SPIKEOPS_RESUME_FROM"
     #: ...and/or arguments for the batch script, ``{checkpoint}`` filled in (local runner).
     resume_args: str | None = None
+    #: slurmctld's StateSaveLocation as the runner sees it, where Slurm keeps each job's
+    #: submission environment; None: asked from ``scontrol show config``.
+    state_save_location: str | None = field(default_factory=lambda: os.environ.get("SPIKEOPS_SLURM_STATE") or None)
+
+
+def env_file_name(job: str) -> str:
+    """The name ``preserve`` gives a job's submission environment in ``BUNDLE/scheduler/``,
+    beside ``batch-JOB.sh``; ``resume`` with that script looks for it there."""
+    return f"env-{job}"
 
 
 def drain_reason(reason: str, incident: str | None) -> str:
@@ -94,6 +120,7 @@ class SlurmScheduler:
         self.log = log or ActionLog(None)
         self.dry_run = dry_run
         self.incident = incident
+        self._state_dir: str | None = None
 
     # ------------------------------------------------------------------ running commands
     def _read(self, argv: list[str], what: str) -> CommandRun:
@@ -104,11 +131,13 @@ class SlurmScheduler:
             raise SchedulerError(f"{what}: {first[:200]}")
         return run
 
-    def _act(self, argv: list[str], stdin: str | None = None) -> CommandRun:
+    def _act(self, argv: list[str], stdin: str | None = None, umask: int | None = None) -> CommandRun:
         """A changing command: not run in a dry run (recorded as what would have run)."""
         if self.dry_run:
             return CommandRun([str(a) for a in argv], None, "", "", 0.0, ran=False)
-        return self.runner.run(argv, timeout=self.config.timeout, stdin=stdin)
+        if umask is None:
+            return self.runner.run(argv, timeout=self.config.timeout, stdin=stdin)
+        return self.runner.run(argv, timeout=self.config.timeout, stdin=stdin, umask=umask)
 
     def _finish(self, result: ActionResult) -> ActionResult:
         result.incident = result.incident or self.incident
@@ -153,6 +182,51 @@ class SlurmScheduler:
         if strangers:
             raise SchedulerError(f"not in the cluster: {fold_nodes(strangers)}")
         return state, run
+
+    # ------------------------------------------------------------------ a job's environment
+    def _state_save_location(self) -> str:
+        if self.config.state_save_location:
+            return self.config.state_save_location
+        if self._state_dir is None:
+            run = self._read([self.config.scontrol, "show", "config"], "cannot read Slurm's configuration")
+            found = re.search(r"^StateSaveLocation\s*=\s*(\S+)", run.stdout, re.M)
+            if not found:
+                raise SchedulerError("scontrol show config names no StateSaveLocation")
+            self._state_dir = found.group(1)
+        return self._state_dir
+
+    def job_environment(self, info: SlurmJob) -> tuple[dict[str, str] | None, str]:
+        """The environment ``info`` was submitted with, as slurmctld stored it (the source a
+        requeue uses too), and where it came from; or None and why it could not be read."""
+        try:
+            array = info.fields.get("ArrayJobId") if info.fields.get("ArrayTaskId") not in (None, "", "N/A") else None
+            path = slurm_state_env_path(self._state_save_location(), info.job_id, array)
+            return parse_slurm_state_env(self.runner.read_file(path, ENV_FILE_LIMIT)), f"Slurm's copy ({path})"
+        except PermissionError:
+            return None, (f"Slurm's copy of job {info.job_id}'s environment is not readable here "
+                          "(StateSaveLocation belongs to SlurmUser)")
+        except FileNotFoundError:
+            return None, f"Slurm keeps no environment for job {info.job_id} (not a batch job, or already purged)"
+        except (OSError, EnvFormatError, SchedulerError) as exc:
+            return None, f"job {info.job_id}'s environment could not be read: {str(exc).splitlines()[0][:200]}"
+
+    def _resume_environment(self, info: SlurmJob, script: str | Path | None,
+                            env_file: str | Path | None) -> tuple[dict[str, str] | None, str]:
+        """An explicit file, else the one ``preserve`` saved beside the preserved script,
+        else Slurm's copy while the job record lasts."""
+        chosen = Path(env_file) if env_file else None
+        if chosen is None and script and (Path(script).parent / env_file_name(info.job_id)).is_file():
+            chosen = Path(script).parent / env_file_name(info.job_id)
+        if chosen is None:
+            return self.job_environment(info)
+        try:
+            with chosen.open("rb") as handle:
+                data = handle.read(ENV_FILE_LIMIT + 1)
+            if len(data) > ENV_FILE_LIMIT:
+                raise EnvFormatError(f"over {ENV_FILE_LIMIT} bytes")
+            return parse_env_file(data), f"preserved ({chosen})"
+        except (OSError, EnvFormatError) as exc:
+            return None, f"{chosen}: {str(exc).splitlines()[0][:200]}"
 
     # ------------------------------------------------------------------ nodes
     def drain(self, nodes: Iterable[str], reason: str, incident: str | None = None) -> list[ActionResult]:
@@ -285,9 +359,12 @@ class SlurmScheduler:
         return self._finish(result)
 
     def preserve(self, job: str, bundle: str | Path, checkpoint: str | Path | None = None) -> ActionResult:
-        """Record the job (``scontrol show job -d``), its batch script and node list into
-        ``BUNDLE/scheduler/`` before anything else changes them; with ``checkpoint``, also
-        keep that checkpoint out of the job's retention (``checkpoints.protect``)."""
+        """Record the job (``scontrol show job -d``), its batch script, its submission
+        environment and its node list into ``BUNDLE/scheduler/`` before anything else changes
+        them (Slurm forgets a finished job after MinJobAge, and a resume may wait an hour for
+        a person); with ``checkpoint``, also keep that checkpoint out of the job's retention
+        (``checkpoints.protect``). The environment file (``env-JOB``, NUL-separated, 0600)
+        holds the job owner's variables: what the resume gives back to the job, never logged."""
         from spikeops.bundle import atomic_write
 
         info, looked = self.show_job(job)
@@ -302,6 +379,16 @@ class SlurmScheduler:
         else:
             result.outcome = "done"
             result.detail = f"job record and node list saved; no batch script ({_first(script) or 'not a batch job'})"
+        environment, source = self.job_environment(info)
+        if environment is not None:
+            target = folder / env_file_name(job)
+            atomic_write(target, format_env_file(environment))
+            os.chmod(target, 0o600)
+            result.detail += f"; its submission environment ({len(environment)} variables)"
+            result.extra["environment"] = {"source": source, "variables": len(environment)}
+        else:
+            result.detail += f"; environment not saved ({source})"
+            result.extra["environment"] = {"source": None, "why": source}
         result.extra["files"] = sorted(p.name for p in folder.iterdir())
         if checkpoint is not None:
             from spikeops.checkpoints.protect import protect
@@ -321,10 +408,16 @@ class SlurmScheduler:
 
     def resume(self, job: str, checkpoint: str, *, exclude: Iterable[str] = (), requeue: bool = False,
                script: str | Path | None = None, key: str | None = None,
-               env: Mapping[str, str] | None = None) -> ActionResult:
+               env: Mapping[str, str] | None = None, env_file: str | Path | None = None) -> ActionResult:
         """Resubmit the job's batch script without ``exclude``, pointing it at ``checkpoint``
-        (or requeue the job with ``ExcNodeList``). Idempotent by ``--comment``. ``env`` (the
-        remediation's variables, ``spikeops.remediation``) is exported to the new job."""
+        (or requeue the job with ``ExcNodeList``). Idempotent by ``--comment``.
+
+        The new job gets the environment the original was submitted with (``env_file``, the
+        ``env-JOB`` that ``preserve`` saved beside ``script``, or Slurm's own copy), plus
+        ``env`` (the remediation's variables, ``spikeops.remediation``) and the checkpoint's
+        variable, through ``sbatch --export-file``: sbatch then drops its own environment, so
+        nothing of spikeops' process reaches the job. Where the job's environment cannot be
+        read, the resume is refused with the reason rather than run with another one."""
         excluded = _check_nodes(exclude) if list(exclude) else []
         try:
             extra_env = check_env(env or {})
@@ -335,8 +428,10 @@ class SlurmScheduler:
         info, looked = self.show_job(job)
         if requeue:
             return self._requeue(info, excluded, looked)
-        if not checkpoint or "\n" in checkpoint:
+        if not checkpoint or "\n" in checkpoint or "\0" in checkpoint:
             raise InputError("a checkpoint path is required to resume (--from)")
+        if self.config.resume_env and not _ENV_NAME.match(self.config.resume_env):
+            raise InputError(f"bad environment variable name {self.config.resume_env!r}")
         digest = hashlib.sha256(f"{self.incident or ''}|{checkpoint}|{','.join(excluded)}".encode()).hexdigest()[:12]
         key = key or f"spikeops-resume:{job}:{digest}"
         result = ActionResult("resume", job, "", "", [looked],
@@ -346,6 +441,13 @@ class SlurmScheduler:
             result.outcome, result.detail = "nothing-to-do", f"already resubmitted as job {existing}"
             result.extra["new_job"] = existing
             return self._finish(result)
+        own_env, source = self._resume_environment(info, script, env_file)
+        if own_env is None:
+            result.outcome = "refused"
+            result.detail = (f"{source}; not resubmitted, so that spikeops' own environment cannot stand in for "
+                             "the job's (run spikeops where StateSaveLocation is readable and preserve the job "
+                             "while it runs, or use --requeue: docs/schedulers.md)")
+            return self._finish(result)
         body = Path(script).read_text() if script else None
         if body is None:
             run = self.runner.run([self.config.scontrol, "write", "batch_script", job, "-"], timeout=self.config.timeout)
@@ -354,6 +456,18 @@ class SlurmScheduler:
                 raise SchedulerError(f"job {job}: no batch script to resubmit ({_first(run) or 'empty'}); "
                                      "use --requeue, or preserve it first")
             body = run.stdout
+        remediation = dict(extra_env)
+        if self.config.resume_env:
+            remediation[self.config.resume_env] = checkpoint
+        exports = resume_environment(own_env, remediation)
+        try:
+            export_file = format_env_file(exports)
+        except EnvFormatError as exc:
+            result.outcome, result.detail = "refused", f"job {job}'s environment: {exc}"
+            return self._finish(result)
+        result.extra["environment"] = {"source": source, "variables": len(own_env)}
+        if extra_env:
+            result.extra["env"] = dict(extra_env)
         argv = [self.config.sbatch, "--parsable", f"--comment={key}"]
         if info.name:
             argv.append(f"--job-name={info.name}")
@@ -367,25 +481,28 @@ class SlurmScheduler:
             argv.append(f"--nodes={nodes}")
         if excluded:
             argv.append(f"--exclude={fold_nodes(excluded)}")
-        exports = dict(extra_env)
-        if self.config.resume_env:
-            if not _ENV_NAME.match(self.config.resume_env):
-                raise InputError(f"bad environment variable name {self.config.resume_env!r}")
-            if "," in checkpoint:
-                raise InputError("a checkpoint path with a comma cannot pass through sbatch --export")
-            exports[self.config.resume_env] = checkpoint
-        if exports:
-            argv.append("--export=" + ",".join(["ALL"] + [f"{k}={v}" for k, v in exports.items()]))
-            result.extra["env"] = {k: v for k, v in exports.items() if k != self.config.resume_env}
-        stdin: str | None = body
-        if self.config.resume_args:
-            handle = tempfile.NamedTemporaryFile("w", suffix=".sh", prefix=f"spikeops-resume-{job}-", delete=False)
-            with handle:
-                handle.write(body)
-            argv.append(handle.name)
-            argv.extend(self.config.resume_args.replace("{checkpoint}", checkpoint).split())
-            stdin = None
-        run = self._act(argv, stdin=stdin)
+        staged: list[str] = []
+        try:
+            if self.dry_run:
+                where = f"<a 0600 file: {len(exports)} variables>"
+            else:
+                where = self.runner.put_file(export_file, f"spikeops-env-{job}-")
+                staged.append(where)
+            # ALL: an SBATCH_EXPORT=NONE in sbatch's environment would otherwise discard the file
+            argv += ["--export=ALL", f"--export-file={where}"]
+            stdin: str | None = body
+            if self.config.resume_args:
+                if self.dry_run:
+                    argv.append("<the batch script>")
+                else:
+                    staged.append(self.runner.put_file(body.encode(), f"spikeops-resume-{job}-"))
+                    argv.append(staged[-1])
+                argv.extend(self.config.resume_args.replace("{checkpoint}", checkpoint).split())
+                stdin = None
+            run = self._act(argv, stdin=stdin, umask=_umask(own_env))
+        finally:
+            for path in staged:
+                self.runner.remove_file(path)
         result.commands.append(run)
         if not run.ran:
             result.outcome, result.detail = "dry-run", "would run: " + " ".join(argv)
@@ -436,6 +553,14 @@ def _expand(text: str) -> tuple[list[str], str | None]:
     if not text or text in ("(null)", "None"):
         return [], None
     return expand_nodelist(text)
+
+
+def _umask(environment: Mapping[str, str]) -> int | None:
+    """The umask the job was submitted under (``SLURM_UMASK``, which sbatch sets from its own
+    process and not from ``--export-file``): sbatch runs under it, so the resumed job writes
+    its checkpoints with the permissions the original did."""
+    value = environment.get("SLURM_UMASK", "")
+    return int(value, 8) if re.fullmatch(r"0?[0-7]{3}", value) else None
 
 
 def _first(run: CommandRun) -> str:
