@@ -12,6 +12,8 @@ import math
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from spikeops.remediation import check_env
 from spikeops.replay import (
@@ -297,7 +299,7 @@ def test_unreadable_files_are_inconclusive(tmp_path: Path) -> None:
     empty = read_replay(tmp_path / "empty" / "replay.jsonl", name="other-nodes")
     assert empty.problem and "no replay record" in empty.problem and "garbage" in empty.problem
     same, _ = same_other({"n2": 24})
-    for bad in (missing, empty):
+    for bad in (missing, empty, parse_replay("", name="other-nodes"), parse_replay("\x00\x01{{{\n", name="x")):
         verdict = compare_replays(original_metrics(), ORIGINAL, same, bad, SPIKE)
         assert verdict.verdict == "inconclusive" and verdict.culprit_nodes == [] and sdc_finding(verdict) is None
 
@@ -376,3 +378,33 @@ def test_a_malformed_replay_request_is_a_problem_never_ignored() -> None:
     default = ResumeRequest.from_env({ENV_REPLAY: "same-nodes", ENV_REPLAY_UNTIL: "9"}).replay
     assert default is not None and default.problem is None
     assert default.directory("/run") == "/run/replay/same-nodes"
+
+
+# ---------------------------------------------------------------------------- damaged files
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["drop", "cut", "repeat", "garbage", "swap"]), st.integers(0, 10_000)),
+                max_size=4), st.booleans())
+def test_damaged_replay_files_never_convict_a_healthy_node(damage: list[tuple[str, int]], damage_same: bool) -> None:
+    """Structural damage (lines lost, cut, repeated, garbage, out of order) to either replay
+    of the persistent-flip case: the verdict is the right node or inconclusive, never another
+    node, and nothing raises."""
+    same_lines = replay_lines(ORIGINAL, bad={"n2": 24})
+    other_lines = replay_lines(SPARES, bad={"n2": 24})
+    lines = same_lines if damage_same else other_lines
+    for kind, where in damage:
+        i = where % len(lines)
+        if kind == "drop":
+            del lines[i]
+        elif kind == "cut":
+            lines[i] = lines[i][: where % max(1, len(lines[i]))]
+        elif kind == "repeat":
+            lines.insert(i, lines[i])
+        elif kind == "garbage":
+            lines.insert(i, "\x00}{" * (where % 5))
+        else:
+            lines[i], lines[-1] = lines[-1], lines[i]
+    verdict = compare_replays(original_metrics(), ORIGINAL, run("same-nodes", same_lines),
+                              run("other-nodes", other_lines), SPIKE)
+    assert verdict.verdict in ("sdc", "inconclusive"), verdict.summary
+    assert verdict.culprit_nodes in ([], ["n2"])
+    assert (verdict.verdict == "sdc") == bool(verdict.culprit_nodes)

@@ -343,8 +343,8 @@ def compare_replays(original_metrics: Any, original_ranks: Mapping[Any, str] | N
     if spike_step is None:
         return _inconclusive("no spike step to replay through")
     for run in (same, other):
-        if run.problem:
-            return _inconclusive(run.problem, spike_step=spike_step)
+        if run.problem or not run.records:
+            return _inconclusive(run.problem or f"{run.file}: no replay record in it", spike_step=spike_step)
     original = _ranks(original_ranks)
     ranks = sorted(original) if original else sorted(set(same.ranks) | set(other.ranks))
     base = {"spike_step": spike_step}
