@@ -80,18 +80,21 @@ def test_ranks_share_the_file_without_torn_lines(tmp_path: Path) -> None:
 
 
 def test_deterministic_sets_what_it_says() -> None:
+    """In a fresh interpreter (the settings are process-wide): the flags, the variables, the seed."""
     code = ("import json, os, torch\n"
             "from spikeops.train import deterministic\n"
             "applied = deterministic(7)\n"
+            "first = torch.rand(3).tolist()\n"
+            "deterministic(7)\n"
             "print(json.dumps({'applied': applied, 'flag': torch.are_deterministic_algorithms_enabled(),\n"
             "  'cudnn': torch.backends.cudnn.deterministic, 'bench': torch.backends.cudnn.benchmark,\n"
             "  'env': os.environ.get('CUBLAS_WORKSPACE_CONFIG'), 'nccl': os.environ.get('NCCL_ALGO'),\n"
-            "  'draw': torch.rand(1).item()}))\n")
-    env = {k: v for k, v in os.environ.items() if k not in ("NCCL_ALGO", "CUBLAS_WORKSPACE_CONFIG")}
-    runs = [json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                                      timeout=300, env=env).stdout) for _ in range(2)]
-    first = runs[0]
-    assert first["flag"] is True and first["cudnn"] is True and first["bench"] is False
-    assert first["env"] == ":4096:8" and first["nccl"] == "Ring" and first["applied"]["seed"] == 7
-    assert first["applied"]["not_covered"] and any("NCCL" in line for line in first["applied"]["not_covered"])
-    assert runs[1]["draw"] == first["draw"]  # seeded
+            "  'proto': os.environ.get('NCCL_PROTO'), 'same_draw': torch.rand(3).tolist() == first}))\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("NCCL_ALGO", "NCCL_PROTO", "CUBLAS_WORKSPACE_CONFIG")}
+    env["NCCL_PROTO"] = "LL128"  # a setting the job made itself is kept
+    result = json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                                       timeout=300, env=env).stdout)
+    assert result["flag"] is True and result["cudnn"] is True and result["bench"] is False
+    assert result["env"] == ":4096:8" and result["nccl"] == "Ring" and result["proto"] == "LL128"
+    assert result["applied"]["seed"] == 7 and result["same_draw"] is True
+    assert any("NCCL" in line for line in result["applied"]["not_covered"])
