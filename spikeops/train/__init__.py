@@ -10,7 +10,9 @@ is used when the job has imported it.
 - ``AnomalyLocator``: the operator that produced the first NaN, after a resume;
 - ``on_checkpoint_saved``: resume state and MANIFEST.json on every save;
 - ``ResumeRequest``: what the incident flow asked a resumed run to do (skip batches, 0.3x LR,
-  strict RNG restore, detect_anomaly), read from the environment.
+  strict RNG restore, detect_anomaly, or a replay: ``request.replay``), read from the environment;
+- ``ReplayRecorder``/``deterministic``/``grad_digest``: the replay gate's record of the spike
+  window (replay.jsonl: loss, grad norm, local and reduced gradient digests per step and rank).
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ from spikeops.train.anomaly import AnomalyLocator
 from spikeops.train.checkpointing import on_checkpoint_saved
 from spikeops.train.guards import FilterStats, GradGuard, NanGuard, NonFiniteLoss, filter_samples
 from spikeops.train.logger import MetricsLogger, batch_record, fingerprint
-from spikeops.train.remedies import ResumeRequest
+from spikeops.train.remedies import ReplayRequest, ResumeRequest
+from spikeops.train.replay import ReplayRecorder, deterministic, grad_digest
 from spikeops.train.resume import (
     DataOrderWarning,
     FingerprintCheck,
@@ -33,5 +36,6 @@ __all__ = [
     "MetricsLogger", "fingerprint", "batch_record",
     "GradGuard", "NanGuard", "NonFiniteLoss", "filter_samples", "FilterStats",
     "capture_state", "restore_state", "save_state", "load_state", "FingerprintCheck", "DataOrderWarning",
-    "AnomalyLocator", "on_checkpoint_saved", "ResumeRequest",
+    "AnomalyLocator", "on_checkpoint_saved", "ResumeRequest", "ReplayRequest",
+    "ReplayRecorder", "deterministic", "grad_digest",
 ]
