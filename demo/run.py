@@ -313,6 +313,15 @@ def run_demo(options: DemoOptions, out: TextIO = sys.stdout) -> DemoResult:
     return result
 
 
+def _job_environment(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """What the demo's training job is submitted with: a user's plain environment, not the
+    demo's (a SLACK_BOT_TOKEN or Prefect setting of the shell that runs the demo must not
+    reach the job, nor come back with its resume)."""
+    from spikeops.schedulers.jobenv import command_env
+
+    return {**command_env(os.environ), **(extra or {})}
+
+
 def _start_job(options: DemoOptions, directory: Path, nodes: list[str], argv: list[str], stack: ExitStack,
                say: Callable[[str], None], use_slurm: bool) -> tuple[Any, str, dict[str, Any]]:
     if use_slurm:
@@ -333,7 +342,7 @@ def _start_job(options: DemoOptions, directory: Path, nodes: list[str], argv: li
         submitted = subprocess.run(["sbatch", "--parsable", "-N", str(len(nodes)), "-w", ",".join(nodes),
                                     "--job-name=demo-train", f"--chdir={directory}",
                                     f"--output={directory / 'slurm-%j.out'}", str(script)],
-                                   capture_output=True, text=True, env=dict(os.environ), timeout=30)
+                                   capture_output=True, text=True, env=_job_environment(slurm.env), timeout=30)
         if submitted.returncode != 0:
             raise RuntimeError(f"sbatch: {submitted.stderr.strip()}")
         job = submitted.stdout.strip().split(";")[0]
@@ -344,7 +353,7 @@ def _start_job(options: DemoOptions, directory: Path, nodes: list[str], argv: li
 
     scheduler = LocalScheduler(directory / "sched")
     scheduler.add_nodes(list(nodes) + ["spare-001"])
-    job = scheduler.submit(argv, nodes, cwd=str(directory))
+    job = scheduler.submit(argv, nodes, cwd=str(directory), environment=_job_environment())
     say(f"scheduler: local processes (Slurm is not installed here); training job {job} on {len(nodes)} nodes, "
         "one spare")
     return scheduler, job, {"scheduler": "local", "scheduler_state_dir": str(directory / "sched")}
