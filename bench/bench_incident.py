@@ -4,8 +4,11 @@ Real servers, as in tests/test_e2e_serve.py: `prefect server start` (SQLite) and
 `spikeops serve` as processes, the local sshd cluster answering from a simulated Xid
 incident at 16 and 64 nodes, the local-process scheduler, and the local Slack-compatible
 server (in this process), which timestamps every message it receives. One alert is POSTed;
-the clock stops at the thread's first message and at its diagnosis reply.
-Targets (issue 9): first message under 5 s, diagnosis under 60 s at 64 nodes.
+the clock stops at the thread's first message, at its diagnosis reply and at the message that
+the job is stopped. The training job ignores USR1, as a real one busy saving its state does,
+so the stop takes the whole grace period (10 s) before the cancel.
+Targets: first message under 5 s (issue 9); diagnosis under 10 s at 64 nodes whatever the
+job's grace period (issue 18: collection and diagnosis run beside the stop).
 Run by hand: `python bench/bench_incident.py [--nodes 16 64]`.
 """
 
@@ -44,9 +47,12 @@ def one(nodes: int, work: Path) -> dict[str, float]:
         shm = Path("/dev/shm") if Path("/dev/shm").is_dir() else work
         cluster_dir = Path(tempfile.mkdtemp(prefix="spikeops-bench-inc-", dir=shm))
         try:
+            stubborn = [sys.executable, "-c", "import signal, time; signal.signal(signal.SIGUSR1, signal.SIG_IGN); "
+                        "time.sleep(600)"]
             with local_incident(work, cluster_dir / "c", nodes=nodes, first_address="127.0.18.11",
-                                extra_config='slack_channel = "#incidents"\n') as (cluster, scheduler, job, config):
-                _wait_http(f"{api}/health", 90, server)
+                                extra_config='slack_channel = "#incidents"\n', job_argv=stubborn) as (
+                    cluster, scheduler, job, config):
+                _wait_http(f"{api}/health", 180, server)
                 serving = subprocess.Popen([str(BIN / "spikeops"), "serve", "--config", str(config),
                                             "--addr", f"127.0.0.1:{receiver_port}"], env=env, stdout=logs,
                                            stderr=subprocess.STDOUT, start_new_session=True)
@@ -58,17 +64,20 @@ def one(nodes: int, work: Path) -> dict[str, float]:
                 status, _ = _post(f"http://127.0.0.1:{receiver_port}/alerts/alertmanager", json.dumps(alert).encode(),
                                   "bench")
                 accepted = time.monotonic() - t0
-                first = diagnosis = None
+                first = diagnosis = stopped = None
                 deadline = t0 + 300
-                while time.monotonic() < deadline and diagnosis is None:
+                while time.monotonic() < deadline and (diagnosis is None or stopped is None):
                     if first is None and slack.messages:
                         first = time.monotonic() - t0
-                    if any(m.text.startswith("Diagnosis") for m in slack.messages):
+                    if diagnosis is None and any(m.text.startswith("Diagnosis") for m in slack.messages):
                         diagnosis = time.monotonic() - t0
+                    if stopped is None and any(m.text.startswith("preserve") or m.text.startswith("stop ")
+                                               for m in slack.messages):
+                        stopped = time.monotonic() - t0
                     time.sleep(0.05)
                 parents = len({m.ts for m in slack.messages if m.thread_ts is None})
                 return {"nodes": nodes, "accepted": accepted, "first_message": first, "diagnosis": diagnosis,
-                        "status": status, "threads": parents}
+                        "stopped": stopped, "status": status, "threads": parents}
         finally:
             if serving is not None:
                 _stop(serving)
@@ -83,14 +92,14 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, nargs="+", default=[16, 64])
     args = parser.parse_args()
-    print("| nodes | alert accepted (s) | first Slack message (s) | diagnosis in Slack (s) | threads |")
-    print("| ---: | ---: | ---: | ---: | ---: |")
+    print("| nodes | alert accepted (s) | first Slack message (s) | diagnosis in Slack (s) | job stopped (s) | threads |")
+    print("| ---: | ---: | ---: | ---: | ---: | ---: |")
     for nodes in args.nodes:
         with tempfile.TemporaryDirectory(prefix="spikeops-bench-incident-") as tmp:
             row = one(nodes, Path(tmp))
         fmt = lambda v: f"{v:.2f}" if isinstance(v, float) else "—"  # noqa: E731
         print(f"| {nodes} | {fmt(row['accepted'])} | {fmt(row['first_message'])} | {fmt(row['diagnosis'])} | "
-              f"{row['threads']} |", flush=True)
+              f"{fmt(row['stopped'])} | {row['threads']} |", flush=True)
     return 0
 
 

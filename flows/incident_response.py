@@ -110,16 +110,14 @@ def _respond(settings: IncidentSettings, slots: IncidentSlots, logger: Any) -> d
     if notifier:
         notifier.open(incident_doc, symptom=symptom["symptom"], spike_step=symptom["spike_step"], links=links)
     outcome: dict[str, Any] = {"incident": incident, "bundle": bundle, "symptom": symptom, "actions": []}
-    # protect
-    stopped = False
+    # protect: a stop runs beside collection and diagnosis (the job's grace can be long)
+    protection, stopped = None, False
     if "protect" not in skip:
-        protected = protect_run(job, scheduler, bundle, incident, symptom, run_dir=settings.run_dir,
-                                observe_steps=settings.observe_steps, observe_timeout_s=settings.observe_timeout_s,
-                                notifier=notifier)
-        if protected["observed"] is not None:
-            outcome["observed"] = protected["observed"]
-        outcome["actions"] += protected["actions"]
-        stopped = protected["stopped"]
+        protection = protect_run(job, scheduler, bundle, incident, symptom, run_dir=settings.run_dir,
+                                 observe_steps=settings.observe_steps, observe_timeout_s=settings.observe_timeout_s,
+                                 notifier=notifier)
+        if protection.observed is not None:
+            outcome["observed"] = protection.observed
     # collect
     nodes = list(incident_doc["job"]["nodes"] or [])
     if "collect" not in skip:
@@ -136,6 +134,9 @@ def _respond(settings: IncidentSettings, slots: IncidentSlots, logger: Any) -> d
         notifier.diagnosis(diagnosis, incident_doc, links=links)
     plan = resume_plan(diagnosis.get("actions") or [], diagnosis.get("findings") or [])
     outcome["remediation"] = {"env": plan.env, "applied": plan.applied, "for_a_person": plan.for_a_person}
+    if protection is not None:  # nothing is decided before the job is stopped
+        done, stopped = protection.settle(notifier)
+        outcome["actions"] += done
     # decide
     gate = approval_gate(settings.approval, diagnosis, stopped=stopped, can_isolate="isolate" not in skip,
                          can_resume="resume" not in skip, remediation=plan.describe())

@@ -9,7 +9,7 @@ from prefect import task
 
 from tasks.scheduler import SchedulerRef
 
-__all__ = ["stop_job", "stopped", "GRACE_S"]
+__all__ = ["stop_job", "stopped", "protect_run", "Protection", "GRACE_S"]
 
 #: Seconds between the job's USR1 (save and exit) and the cancel.
 GRACE_S = 10
@@ -32,28 +32,46 @@ def stopped(actions: list[dict[str, Any]]) -> bool:
     return any(a["action"] == "stop" and a["outcome"] in ("done", "nothing-to-do") for a in actions)
 
 
-def protect_run(job_id: str, scheduler: SchedulerRef, bundle: str, incident: str, symptom: dict[str, Any], *,
-                run_dir: str, observe_steps: int, observe_timeout_s: float, notifier: Any) -> dict[str, Any]:
-    """The matrix's first column: observe a single spike (and classify again when it has
-    played out), stop at once for a NaN or a spike that does not recover.
+class Protection:
+    """What the protect stage started: the symptom acted on, what a watch of a single spike
+    saw, and a stop that may still be running (the job's grace period after USR1 can be long,
+    and the evidence is best taken while the job is still there, so collection and diagnosis
+    go on beside it). ``settle`` waits for the stop before anything is decided."""
 
-    Returns ``{"symptom": the symptom acted on, "observed": what the watch saw or None,
-    "actions": what was done, "stopped": whether the job is stopped}``."""
-    from spikeops.response import describe_actions, protective_move
+    def __init__(self, symptom: dict[str, Any], observed: dict[str, Any] | None = None, pending: Any = None) -> None:
+        self.symptom = symptom
+        self.observed = observed
+        self._pending = pending
+        self._settled: tuple[list[dict[str, Any]], bool] | None = None
+
+    def settle(self, notifier: Any = None) -> tuple[list[dict[str, Any]], bool]:
+        """The stop's actions and whether the job is stopped (said in the thread once)."""
+        from spikeops.response import describe_actions
+
+        if self._settled is None:
+            done = self._pending.result() if self._pending is not None else []
+            self._settled = (done, stopped(done))
+            if notifier and done:
+                notifier.stage("protect", describe_actions(done))
+        return self._settled
+
+
+def protect_run(job_id: str, scheduler: SchedulerRef, bundle: str, incident: str, symptom: dict[str, Any], *,
+                run_dir: str, observe_steps: int, observe_timeout_s: float, notifier: Any) -> Protection:
+    """The matrix's first column: observe a single spike (and classify again when it has
+    played out); for a NaN or a spike that does not recover, preserve the job's record and
+    signal it at once, and let the stop finish in the background (``Protection.settle``)."""
+    from spikeops.response import protective_move
     from tasks.classify import observe
 
-    result: dict[str, Any] = {"symptom": symptom, "observed": None, "actions": [], "stopped": False}
+    observed = None
     if protective_move(symptom["symptom"], observe_steps=observe_steps) == "observe":
-        watched = observe(run_dir, bundle, symptom["spike_step"], observe_steps, observe_timeout_s)
-        result["observed"] = watched
+        observed = observe(run_dir, bundle, symptom["spike_step"], observe_steps, observe_timeout_s)
         if notifier:
             notifier.stage("observe", f"single spike at step {symptom['spike_step']}: watched until step "
-                           f"{watched.get('observed_until')}, now {watched['symptom']}")
-        result["symptom"] = {**symptom, "symptom": watched["symptom"] or symptom["symptom"]}
-    if protective_move(result["symptom"]["symptom"], observe_steps=0) == "stop":
-        done = stop_job(job_id, scheduler, bundle, incident)
-        result["actions"] = done
-        result["stopped"] = stopped(done)
-        if notifier and done:
-            notifier.stage("protect", describe_actions(done))
-    return result
+                           f"{observed.get('observed_until')}, now {observed['symptom']}")
+        symptom = {**symptom, "symptom": observed["symptom"] or symptom["symptom"]}
+    pending = None
+    if protective_move(symptom["symptom"], observe_steps=0) == "stop":
+        pending = stop_job.submit(job_id, scheduler, bundle, incident)
+    return Protection(symptom, observed, pending)

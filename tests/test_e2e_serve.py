@@ -70,8 +70,8 @@ def _stop(process: subprocess.Popen) -> None:
 
 
 @contextmanager
-def local_incident(work: Path, cluster_dir: Path, *, nodes: int, first_address: str,
-                   extra_config: str = "") -> Iterator[tuple[simcluster.Cluster, LocalScheduler, str, Path]]:
+def local_incident(work: Path, cluster_dir: Path, *, nodes: int, first_address: str, extra_config: str = "",
+                   job_argv: list[str] | None = None) -> Iterator[tuple[simcluster.Cluster, LocalScheduler, str, Path]]:
     """A simulated Xid incident ready to be served: sshd nodes, a local scheduler running the
     job on them (plus one spare), checkpoints with manifests, and the spikeops.toml mapping
     cluster "sim" to it all. Yields (cluster, scheduler, job id, config path)."""
@@ -80,7 +80,7 @@ def local_incident(work: Path, cluster_dir: Path, *, nodes: int, first_address: 
                             scenario="gpu_xid", seed=5) as cluster:
         scheduler = LocalScheduler(work / "sched")
         scheduler.add_nodes(cluster.nodes + ["spare-001"])
-        job = scheduler.submit([sys.executable, "-c", "import time; time.sleep(600)"], cluster.nodes)
+        job = scheduler.submit(job_argv or [sys.executable, "-c", "import time; time.sleep(600)"], cluster.nodes)
         _checkpoints(work / "ckpt", cluster.scenario_bundle)
         config = work / "spikeops.toml"
         config.write_text(
