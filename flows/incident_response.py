@@ -35,6 +35,7 @@ from tasks.incident import open_incident
 from tasks.notify import tell_failure, tell_outcome, write_report_artifact
 from tasks.preflight import incident_settings, preflight
 from tasks.protect import protect_run
+from tasks.replay import replay_gate, tell_replay
 from tasks.resume import isolate_and_resume
 from tasks.runinfo import current_run, incident_id_for, label_run, run_url
 from tasks.scheduler import SchedulerRef
@@ -70,6 +71,10 @@ class IncidentOverrides(BaseModel):
     observe_steps: int | None = Field(None, ge=0, le=10_000, description="after a single spike: steps to watch")
     observe_timeout_s: int | None = Field(None, ge=0, le=86_400, description="... and the most seconds to wait")
     baseline_dir: str | None = Field(None, description="per-node baselines kept by the baseline deployment")
+    replay: Literal["auto", "ask", "never"] | None = Field(
+        None, description="re-run the spike window on the original and on other nodes before resuming")
+    replay_steps: int | None = Field(None, ge=1, le=1_000_000, description="the most steps a replay may run")
+    replay_timeout_s: int | None = Field(None, ge=10, le=7 * 86400, description="... and seconds for both")
     alert: dict[str, Any] = Field(default_factory=dict, description="the alert that started it (set by the receiver)")
 
 
@@ -137,16 +142,34 @@ def _respond(settings: IncidentSettings, slots: IncidentSlots, logger: Any) -> d
     if protection is not None:  # nothing is decided before the job is stopped
         done, stopped = protection.settle(notifier)
         outcome["actions"] += done
+
+    def ask(gate: Any, question_diagnosis: dict[str, Any] = diagnosis) -> tuple[bool, str]:
+        return ask_approval(
+            gate, timeout_s=settings.approval_timeout_s, bundle=bundle, job_id=job, incident=incident,
+            description=approval_markdown(gate.question, question_diagnosis, remediation=plan.describe(),
+                                          for_a_person=plan.for_a_person, timeout_s=settings.approval_timeout_s),
+            notifier=notifier, logger=logger, slots=slots, links=links)
+
+    # replay: a spike with no conclusive hardware cause is re-run on its nodes and on others
+    replayed = replay_gate(job, scheduler, bundle, incident, diagnosis, policy=settings.replay,
+                           max_steps=settings.replay_steps, timeout_s=settings.replay_timeout_s, stopped=stopped,
+                           ask=ask, notifier=notifier, logger=logger, links=links)
+    if replayed is not None:
+        outcome["replay"] = replayed
+    if replayed and replayed["ran"]:
+        diagnosis = diagnose_incident(bundle, settings.checkpoint_root, dry_run=settings.dry_run,
+                                      artifact_key=f"findings-{key}"[:100])
+        outcome["diagnosis"] = {k: diagnosis.get(k) for k in ("primary", "culprit_nodes", "resume_from")}
+        outcome["replay"]["verdict"] = tell_replay(bundle, diagnosis, replayed, notifier, links=links)
+        label_run(job, (diagnosis.get("primary") or {}).get("cause"), cluster=settings.cluster)
+        plan = resume_plan(diagnosis.get("actions") or [], diagnosis.get("findings") or [])
+        outcome["remediation"] = {"env": plan.env, "applied": plan.applied, "for_a_person": plan.for_a_person}
     # decide
     gate = approval_gate(settings.approval, diagnosis, stopped=stopped, can_isolate="isolate" not in skip,
                          can_resume="resume" not in skip, remediation=plan.describe())
     if gate.ask:  # the approver reads the report while the run waits
         write_report_artifact(bundle, diagnosis, incident_doc, key=f"report-{key}"[:100])
-    approved, why = ask_approval(
-        gate, timeout_s=settings.approval_timeout_s, bundle=bundle, job_id=job, incident=incident,
-        description=approval_markdown(gate.question, diagnosis, remediation=plan.describe(),
-                                      for_a_person=plan.for_a_person, timeout_s=settings.approval_timeout_s),
-        notifier=notifier, logger=logger, slots=slots, links=links)
+    approved, why = ask(gate, diagnosis)
     if gate.action is not None:
         outcome["approval"] = why
     if gate.action == "isolate" and not approved and notifier:

@@ -21,6 +21,9 @@ checkpoint_root = "/ckpt/{job}"
 slack_channel = "#incidents"
 approval = "always"                 # always | auto-hardware | never
 approval_timeout_s = 3600           # how long a person has to answer; silence is a no
+replay = "ask"                      # replay the spike window before resuming: auto | ask | never
+replay_steps = 500                  # ... at most this many steps
+replay_timeout_s = 1800             # ... and seconds for both replays
 observe_steps = 50                  # after a single spike, steps to watch before deciding
 observe_timeout_s = 600             # ... and the most seconds to wait for them
 baseline_dir = "/var/lib/spikeops/baselines/sim"   # kept fresh by the baseline deployment
@@ -45,7 +48,7 @@ from spikeops.errors import InputError
 
 __all__ = ["ClusterConfig", "SpikeopsConfig", "IncidentSettings", "load_config", "check_config", "resolve_incident",
            "DEFAULT_RECEIVER_ADDR", "DEFAULT_INCIDENTS_DIR", "DEFAULT_MAX_CONCURRENT", "JOB_ID", "CLUSTER_NAME",
-           "SCHEDULERS", "APPROVALS", "SKIPPABLE"]
+           "SCHEDULERS", "APPROVALS", "SKIPPABLE", "REPLAYS"]
 
 DEFAULT_RECEIVER_ADDR = "127.0.0.1:8787"
 DEFAULT_INCIDENTS_DIR = "~/.local/state/spikeops/incidents"
@@ -53,6 +56,7 @@ DEFAULT_MAX_CONCURRENT = 4
 SCHEDULERS = ("slurm", "local")
 APPROVALS = ("always", "auto-hardware", "never")
 SKIPPABLE = ("protect", "collect", "isolate", "resume", "notify")
+REPLAYS = ("auto", "ask", "never")
 #: What a job id may be: a scheduler's id, never shell syntax (alerts and forms are checked against it).
 JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:+-]{0,127}$")
 #: What a cluster name may be.
@@ -77,6 +81,11 @@ class ClusterConfig:
     #: The seed's periodic "healthy run" control: a command run on idle nodes (argv, no shell).
     control_command: list[str] | None = None
     control_timeout_s: int = 600
+    #: The replay gate (docs/replay.md): re-run the spike window before resuming, on the
+    #: original nodes and on others, when the diagnosis is not conclusive hardware.
+    replay: str = "ask"
+    replay_steps: int = 500
+    replay_timeout_s: int = 1800
 
 
 @dataclass(frozen=True)
@@ -108,7 +117,8 @@ class SpikeopsConfig:
             "checkpoint_root": fill(chosen.checkpoint_root), "incidents_dir": self.incidents_dir,
             "scheduler": chosen.scheduler, "scheduler_state_dir": chosen.scheduler_state_dir,
             "slack_channel": chosen.slack_channel, "approval": chosen.approval,
-            "approval_timeout_s": chosen.approval_timeout_s, "observe_steps": chosen.observe_steps, "observe_timeout_s": chosen.observe_timeout_s,
+            "approval_timeout_s": chosen.approval_timeout_s, "replay": chosen.replay,
+            "replay_steps": chosen.replay_steps, "replay_timeout_s": chosen.replay_timeout_s, "observe_steps": chosen.observe_steps, "observe_timeout_s": chosen.observe_timeout_s,
             "baseline_dir": chosen.baseline_dir,
         }
         return {k: v for k, v in params.items() if v is not None}
@@ -117,7 +127,8 @@ class SpikeopsConfig:
 _CLUSTER_KEYS = set(ClusterConfig.__dataclass_fields__) - {"name"}
 #: Integer keys of a cluster and their bounds (inclusive).
 _INT_BOUNDS = {"approval_timeout_s": (1, 7 * 86400), "observe_steps": (0, 10_000),
-               "observe_timeout_s": (0, 86_400), "control_timeout_s": (1, 86_400)}
+               "observe_timeout_s": (0, 86_400), "control_timeout_s": (1, 86_400),
+               "replay_steps": (1, 1_000_000), "replay_timeout_s": (10, 7 * 86400)}
 _STR_KEYS = ("inventory", "run_dir", "scheduler_state_dir", "checkpoint_root", "slack_channel", "baseline_dir")
 
 
@@ -141,6 +152,8 @@ def _cluster(target: Path, name: str, table: Any) -> ClusterConfig:
         raise InputError(f"{where} scheduler must be {' or '.join(SCHEDULERS)}, not {table['scheduler']!r}")
     if table.get("approval", "always") not in APPROVALS:
         raise InputError(f"{where} approval must be always, auto-hardware or never")
+    if table.get("replay", "ask") not in REPLAYS:
+        raise InputError(f"{where} replay must be auto, ask or never, not {table['replay']!r}")
     for key, (low, high) in _INT_BOUNDS.items():
         value = table.get(key)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high):
@@ -246,6 +259,9 @@ class IncidentSettings:
     baseline_dir: str | None = None
     alert: dict[str, Any] = field(default_factory=dict)
     max_concurrent: int = DEFAULT_MAX_CONCURRENT
+    replay: str = "never"
+    replay_steps: int = 500
+    replay_timeout_s: int = 1800
 
 
 _SETTINGS = set(IncidentSettings.__dataclass_fields__)
@@ -270,6 +286,8 @@ def resolve_incident(config: SpikeopsConfig, job_id: str, cluster: str | None,
         raise InputError(f"scheduler must be {' or '.join(SCHEDULERS)}")
     if merged.get("approval", "always") not in APPROVALS:
         raise InputError("approval must be always, auto-hardware or never")
+    if merged.get("replay", "never") not in REPLAYS:
+        raise InputError("replay must be auto, ask or never")
     if not JOB_ID.match(job_id or ""):
         raise InputError(f"bad job id {job_id!r}")
     merged["skip"] = tuple(merged.get("skip") or ())

@@ -24,7 +24,7 @@ from spikeops.inventory import fold_nodes
 
 __all__ = ["STOP_AT_ONCE", "APPROVAL_POLICIES", "AUTO_APPROVE_CONFIDENCE", "Gate", "protective_move",
            "approval_gate", "must_stop_before_resume", "resume_decision", "describe_actions", "outcome_summary",
-           "SUCCESS", "UNSURE"]
+           "SUCCESS", "UNSURE", "REPLAY_BELOW", "replay_wanted"]
 
 #: The symptoms for which the seed's matrix says "stop training, preserve state".
 STOP_AT_ONCE = frozenset({"instant_nan", "spike_no_recovery"})
@@ -54,7 +54,7 @@ class Gate:
     ``ask`` means a person must answer ``question``; otherwise ``approved`` and ``why`` are the
     policy's answer."""
 
-    action: Literal["isolate", "resume"] | None
+    action: Literal["isolate", "resume", "replay"] | None
     ask: bool = False
     approved: bool = False
     why: str = ""
@@ -85,6 +85,36 @@ def approval_gate(policy: str, diagnosis: Mapping[str, Any], *, stopped: bool, c
             return Gate("resume", ask=True, question=f"resume from {resume_from.get('path')} although the diagnosis "
                                                      f"is {primary.get('cause')} ({remediation})")
     return Gate(None)
+
+
+#: Below this confidence a data or numeric diagnosis is replayed (when the policy allows):
+#: the replay confirms it, or finds the GPU that computed wrong numbers.
+REPLAY_BELOW = 0.95
+ANOMALOUS = frozenset({"instant_nan", "single_spike", "spike_no_recovery"})
+
+
+def replay_wanted(diagnosis: Mapping[str, Any], *, stopped: bool, max_steps: int) -> tuple[bool, str]:
+    """Whether the spike window is worth replaying before the resume, and why (not). Only a
+    stopped job's nodes are free to replay on; a conclusive hardware or communication
+    conviction needs no replay; there must be a spike to reach and a verified checkpoint before
+    it, within the step budget."""
+    primary = diagnosis.get("primary") or {}
+    resume = diagnosis.get("resume_from") or {}
+    spike = diagnosis.get("spike_step")
+    if not stopped:
+        return False, "the job is still running on its nodes"
+    if diagnosis.get("culprit_nodes") and primary.get("layer") in ("hardware", "communication"):
+        return False, f"{primary.get('cause')} already convicts {fold_nodes(diagnosis['culprit_nodes'])}"
+    if diagnosis.get("symptom") not in ANOMALOUS and primary.get("cause") not in UNSURE:
+        return False, f"no spike to replay ({diagnosis.get('symptom')})"
+    if spike is None or resume.get("step") is None or not resume.get("path"):
+        return False, "no spike step or no verified checkpoint before it to replay from"
+    steps = int(spike) - int(resume["step"])
+    if steps > max_steps:
+        return False, f"the window is {steps} steps, beyond the replay budget of {max_steps}"
+    if primary.get("layer") in ("data", "numeric") and float(primary.get("confidence") or 0) >= REPLAY_BELOW:
+        return False, f"{primary.get('cause')} at confidence {primary.get('confidence')}"
+    return True, f"replay steps {int(resume['step']) + 1}-{spike} ({steps} steps) from {resume['path']}"
 
 
 def must_stop_before_resume(excluded: Iterable[str], *, stopped: bool, can_resume: bool,

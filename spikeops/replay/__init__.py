@@ -12,6 +12,7 @@ the whole picture. Pure: no torch, no Prefect.
 
 from __future__ import annotations
 
+from spikeops.replay.bundle import bundle_verdict, has_replays, original_losses, rank_map
 from spikeops.replay.plan import (
     ENV_RANK_NODES,
     ENV_REPLAY,
@@ -40,4 +41,5 @@ __all__ = [
     "compare_replays", "ReplayVerdict", "Reproduction", "Evidence", "sdc_finding", "VERDICTS", "CAUSE",
     "plan_other_nodes", "Placement", "replay_env", "rank_nodes_value",
     "ENV_REPLAY", "ENV_REPLAY_UNTIL", "ENV_REPLAY_OUT", "ENV_RANK_NODES", "RUN_SAME", "RUN_OTHER",
+    "bundle_verdict", "has_replays", "original_losses", "rank_map",
 ]

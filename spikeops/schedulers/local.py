@@ -294,10 +294,12 @@ class LocalScheduler:
         return self._finish(result)
 
     def resume(self, job: str, checkpoint: str, *, exclude: Iterable[str] = (), resume_env: str = "SPIKEOPS_RESUME_FROM",
-               key: str | None = None, env: Mapping[str, str] | None = None, **_: Any) -> ActionResult:
+               key: str | None = None, env: Mapping[str, str] | None = None, on: Sequence[str] | None = None,
+               action: str = "resume", **_: Any) -> ActionResult:
         """Start the job again on healthy nodes, with the environment it was submitted with,
         ``env`` (the remediation) and ``resume_env=checkpoint``; refused when its stored
-        environment is gone rather than started with the caller's."""
+        environment is gone rather than started with the caller's. ``on`` names exactly the
+        nodes to run on (a replay of the spike window, ``action="replay"``)."""
         excluded = _check_nodes(exclude) if list(exclude) else []
         try:
             extra_env = check_env(env or {})
@@ -305,17 +307,25 @@ class LocalScheduler:
             raise InputError(str(exc)) from None
         info = self.show_job(job)
         key = key or f"spikeops-resume:{job}:{checkpoint}"
-        result = ActionResult("resume", job, "", "", extra={"checkpoint": checkpoint, "exclude": fold_nodes(excluded)})
+        result = ActionResult(action, job, "", "", extra={"checkpoint": checkpoint, "exclude": fold_nodes(excluded)})
         existing = next((j for j in self.jobs() if j.comment == key), None)
         if existing is not None:
             result.outcome, result.detail = "nothing-to-do", f"already resubmitted as job {existing.job_id}"
             result.extra["new_job"] = existing.job_id
             return self._finish(result)
-        nodes = [n for n in info.nodes if n not in excluded]
-        spare = [n for n in sorted(self.nodes()) if n not in info.nodes and n not in excluded
-                 and not self.nodes()[n].drained and not self.nodes()[n].down]
-        nodes += spare[: len(info.nodes) - len(nodes)]
-        if len(nodes) < len(info.nodes):
+        known = self.nodes()
+        if on is not None:
+            nodes = _check_nodes(on)
+            unusable = [n for n in nodes if n not in known or known[n].drained or known[n].down or n in excluded]
+            if unusable:
+                result.outcome, result.detail = "refused", f"cannot run on {fold_nodes(unusable)}"
+                return self._finish(result)
+        else:
+            nodes = [n for n in info.nodes if n not in excluded]
+            spare = [n for n in sorted(known) if n not in info.nodes and n not in excluded
+                     and not known[n].drained and not known[n].down]
+            nodes += spare[: len(info.nodes) - len(nodes)]
+        if len(nodes) < len(info.nodes) and on is None:
             result.outcome, result.detail = "refused", f"not enough healthy nodes: {len(nodes)} of {len(info.nodes)}"
             return self._finish(result)
         own_env, source = self.job_environment(job)
@@ -333,7 +343,8 @@ class LocalScheduler:
         new = self.submit(info.argv, nodes, environment=resume_environment(own_env, remediation), env=remediation,
                           cwd=info.cwd, comment=key, exclude=excluded)
         result.extra["new_job"] = new
-        result.outcome, result.detail = "done", f"resubmitted as job {new} on {fold_nodes(nodes)} from {checkpoint}"
+        result.outcome, result.detail = "done", f"{'started' if on is not None else 'resubmitted'} as job {new} on " \
+            f"{fold_nodes(nodes)} from {checkpoint}"
         return self._finish(result)
 
 

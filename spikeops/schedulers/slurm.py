@@ -23,7 +23,7 @@ import hashlib
 import os
 import re
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -408,7 +408,8 @@ class SlurmScheduler:
 
     def resume(self, job: str, checkpoint: str, *, exclude: Iterable[str] = (), requeue: bool = False,
                script: str | Path | None = None, key: str | None = None,
-               env: Mapping[str, str] | None = None, env_file: str | Path | None = None) -> ActionResult:
+               env: Mapping[str, str] | None = None, env_file: str | Path | None = None,
+               on: Sequence[str] | None = None, action: str = "resume") -> ActionResult:
         """Resubmit the job's batch script without ``exclude``, pointing it at ``checkpoint``
         (or requeue the job with ``ExcNodeList``). Idempotent by ``--comment``.
 
@@ -417,8 +418,11 @@ class SlurmScheduler:
         ``env`` (the remediation's variables, ``spikeops.remediation``) and the checkpoint's
         variable, through ``sbatch --export-file``: sbatch then drops its own environment, so
         nothing of spikeops' process reaches the job. Where the job's environment cannot be
-        read, the resume is refused with the reason rather than run with another one."""
+        read, the resume is refused with the reason rather than run with another one. ``on``
+        names exactly the nodes to run on (``--nodelist``; a replay of the spike window,
+        ``action="replay"``)."""
         excluded = _check_nodes(exclude) if list(exclude) else []
+        placed = _check_nodes(on) if on is not None else None
         try:
             extra_env = check_env(env or {})
         except ValueError as exc:
@@ -434,7 +438,7 @@ class SlurmScheduler:
             raise InputError(f"bad environment variable name {self.config.resume_env!r}")
         digest = hashlib.sha256(f"{self.incident or ''}|{checkpoint}|{','.join(excluded)}".encode()).hexdigest()[:12]
         key = key or f"spikeops-resume:{job}:{digest}"
-        result = ActionResult("resume", job, "", "", [looked],
+        result = ActionResult(action, job, "", "", [looked],
                               extra={"checkpoint": checkpoint, "exclude": fold_nodes(excluded), "comment": key})
         existing = self._existing_resume(key)
         if existing:
@@ -476,7 +480,9 @@ class SlurmScheduler:
         if info.work_dir:
             argv.append(f"--chdir={info.work_dir}")
         nodes = info.fields.get("NumNodes", "")
-        if re.fullmatch(r"\d+(-\d+)?", nodes):
+        if placed is not None:
+            argv += [f"--nodes={len(placed)}", f"--nodelist={fold_nodes(placed)}"]
+        elif re.fullmatch(r"\d+(-\d+)?", nodes):
             # a size given on sbatch's command line is not in the script: keep the job's size
             argv.append(f"--nodes={nodes}")
         if excluded:
@@ -513,7 +519,8 @@ class SlurmScheduler:
             result.extra["new_job"] = new_job
             result.outcome = "done"
             result.detail = f"resubmitted as job {new_job} from {checkpoint}" + (
-                f", excluding {fold_nodes(excluded)}" if excluded else "")
+                f", excluding {fold_nodes(excluded)}" if excluded else "") + (
+                f", on {fold_nodes(placed)}" if placed is not None else "")
         return self._finish(result)
 
     def _requeue(self, info: SlurmJob, excluded: list[str], looked: CommandRun) -> ActionResult:
