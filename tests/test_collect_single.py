@@ -3,8 +3,8 @@ session modes against real OpenSSH servers (spikeops.sim.cluster).
 
 The runner is run by each shell a node may have (dash, busybox with nothing but its applets,
 bash in POSIX mode) and its stream is read by the collector's own parser. Then a cluster of
-faulty nodes (hang, flood, binary output, a child that keeps stdout open, no GPU, no IB, a
-slow tool) is collected once per mode: the bundles must be the same file for file and byte
+faulty nodes (hang, flood, binary output, a child that keeps stdout open, no GPU, no IB)
+is collected once per mode: the bundles must be the same file for file and byte
 for byte (probes.json entries up to their timing). A node whose SSH connection dies mid-run
 keeps what it had sent; a node that cannot spool falls back to a session per probe.
 """
@@ -32,10 +32,11 @@ from spikeops.inventory import load_inventory, parse_inventory
 from spikeops.sim import cluster as simcluster
 from spikeops.sim.nodetools import BINARY_OUTPUT, REAL_LOGIN
 
-COMMAND_TIMEOUT = 3
+#: Short, but far from what any healthy probe takes on a loaded 2-core machine ("slow", a 3 s
+#: tool, is left to test_collect.py, whose timeout leaves it room).
+COMMAND_TIMEOUT = 4
 CAP = 1 << 20
-FAULTS = {"#1": "hang", "#2": "flood", "#3": "nogpu", "#4": "noib", "#5": "slow", "#6": "binary",
-          "#7": "linger"}
+FAULTS = {"#1": "hang", "#2": "flood", "#3": "nogpu", "#4": "noib", "#6": "binary", "#7": "linger"}
 
 
 # ------------------------------------------------------------------------------- the runner alone

@@ -1,26 +1,30 @@
 # spikeops node runner, protocol S1: every probe of a node in one SSH session.
 #
-# The collector runs `exec sh -s` and writes this file to the session's stdin, then one line
-# per probe (`_r INDEX KEEP_BYTES TIMEOUT 'COMMAND'`) as slots free up, and `_f` when there is
-# nothing more to run. Only POSIX sh and the commands every Linux node has (mktemp, mkfifo,
-# head, cat, wc, rm, sleep, kill) are used: dash, busybox sh, ksh and bash all run it.
+# The collector runs `exec sh -s` and writes this file to the session's stdin, then
+# `_s1_start SPOOL_DIR...`, one line per probe (`_r INDEX KEEP_BLOCKS TIMEOUT 'COMMAND'`) as
+# slots free up, and `_f` when there is nothing more to run. Only POSIX sh and the commands
+# every Linux node has (mktemp, mkfifo, cat, head, wc, rm, sleep, kill) are used: dash,
+# busybox sh and bash all run it, and nothing is installed on the node.
 #
-# Each probe runs in the background, as `sh -c COMMAND` with stdin from /dev/null: at most
-# KEEP_BYTES of its stdout and 64 KiB of its stderr are kept in a private spool directory
-# (mode 0700), its exit status in a third file; the rest of a flood is discarded on the node.
-# The probes run concurrently, so one that hangs or floods cannot delay the others.
-# One emitter process is the only writer of the session's stdout. As each probe finishes it
-# sends one frame, then deletes the probe's files:
+# Each probe runs in the background with stdin from /dev/null: at most KEEP_BLOCKS 512-byte
+# blocks of its stdout and 129 of its stderr are kept in a private spool directory (mode
+# 0700, removed at the end), its exit status in a third file; the rest of a flood is
+# discarded on the node. The probes run concurrently, so one that hangs or floods cannot
+# delay the others. One emitter process is the only writer of the session's stdout. It sends
+# finished probes as frames:
 #
-#   S1 x INDEX STATUS STATE NOUT NERR\n   NOUT bytes of stdout, then NERR bytes of stderr
+#   S1 x INDEX STATUS STATE NOUT NERR\n   then NOUT bytes of stdout and NERR bytes of stderr
+#   S1 b COUNT\n   then COUNT `S1 x` lines, then each one's bytes in the same order
 #
 # STATUS is the exit status (`-` if the probe never reported one); STATE is `done`, or
-# `stuck` when the probe still held its output open 2.5 s after its TIMEOUT (`timeout` on
+# `stuck` when the probe still held its output open 2.5-3 s after its TIMEOUT (`timeout` on
 # the node has killed it by then; something it left behind keeps the pipe open): what it had
 # written is sent and it is no longer waited for. The session starts with `S1 hello 1` (or
 # `S1 fail REASON` when no spool directory can be made, and the collector falls back to a
-# session per probe) and ends with `S1 end`. Time is kept in half-second ticks from a
-# ticker process, since POSIX sh has no clock.
+# session per probe) and ends with `S1 end`. Time is kept in half-second ticks by a ticker
+# process, since POSIX sh has no clock. Events reach the emitter through a FIFO (lines under
+# PIPE_BUF bytes, so writes from many processes never interleave): `s I T` a probe started,
+# `d I` it finished, `t N` N half-seconds passed, `f` no more probes, `q` the runner is gone.
 
 _s1_start() {
     umask 077
@@ -65,6 +69,7 @@ _r() {
         { { eval "$4" 2>&1 >&4 4>&- 5>&-; echo "$?" >"$_s1_dir/x$1"; } |
             { trap '' XFSZ; ulimit -f 129 2>/dev/null; cat >"$_s1_dir/e$1" || exec cat >/dev/null; }; } 4>&1 |
             { trap '' XFSZ; ulimit -f "$2" 2>/dev/null; exec cat >"$_s1_dir/o$1"; }
+        : >"$_s1_dir/d$1"
         echo "d $1" >&5
     ) </dev/null >/dev/null 2>&1 &
 }
@@ -92,7 +97,7 @@ _s1_emit() {
             s)  _s1_live="$_s1_live$_s1_i "
                 _s1_open=$((_s1_open + 1))
                 eval "_s1_due$_s1_i=\$((_s1_now + 2 * _s1_arg + 6))" ;;
-            d)  _s1_send "$_s1_i" done ;;
+            d)  _s1_batch ;;
             t)  _s1_now=$((_s1_now + _s1_i))
                 for _s1_j in $_s1_live; do
                     eval "[ \"\$_s1_now\" -ge \"\$_s1_due$_s1_j\" ]" && _s1_send "$_s1_j" stuck
@@ -107,10 +112,42 @@ _s1_emit() {
     printf 'S1 end\n'
 }
 
-# _s1_send INDEX STATE: one frame for a probe (once: a stuck probe that ends later is not
-# resent). A finished probe's files no longer change: one `wc` sizes both and one `cat` sends
-# them; a stuck probe's may still grow, so exactly the sizes counted are sent. The files are
-# then emptied (no process needed), the directory removed when the session ends.
+# _s1_batch: every live probe that has finished (its d file exists), in one frame group:
+# `S1 b COUNT`, COUNT `S1 x` headers, then their bytes in the same order. Probes of a wave
+# finish together, so one `wc` and one `cat` serve several probes. The files are then
+# emptied (no process needed); the directory goes when the session ends.
+_s1_batch() {
+    _s1_ready= _s1_files= _s1_count=0
+    for _s1_j in $_s1_live; do
+        [ -e "d$_s1_j" ] || continue
+        _s1_ready="$_s1_ready $_s1_j"
+        _s1_files="$_s1_files o$_s1_j e$_s1_j"
+        _s1_count=$((_s1_count + 1))
+        _s1_live="${_s1_live%% $_s1_j *} ${_s1_live#* $_s1_j }"
+    done
+    [ "$_s1_count" -gt 0 ] || return 0
+    _s1_open=$((_s1_open - _s1_count))
+    set -- $(wc -c $_s1_files 2>/dev/null)
+    if [ "$#" -ne $((4 * _s1_count + 2)) ]; then
+        for _s1_j in $_s1_ready; do printf 'S1 x %s - done 0 0\n' "$_s1_j"; done
+        return 0
+    fi
+    printf 'S1 b %s\n' "$_s1_count"
+    for _s1_j in $_s1_ready; do
+        _s1_status=-
+        [ -s "x$_s1_j" ] && read -r _s1_status <"x$_s1_j"
+        printf 'S1 x %s %s done %s %s\n' "$_s1_j" "${_s1_status:--}" "$1" "$3"
+        shift 4
+    done
+    cat $_s1_files
+    for _s1_j in $_s1_ready; do
+        : >"o$_s1_j"
+        : >"e$_s1_j"
+    done
+}
+
+# _s1_send INDEX stuck: one probe given up on. Its files may still grow, so exactly the sizes
+# counted are sent.
 _s1_send() {
     case $_s1_live in *" $1 "*) ;; *) return 0 ;; esac
     _s1_live="${_s1_live%% $1 *} ${_s1_live#* $1 }"
@@ -123,12 +160,6 @@ _s1_send() {
         return 0
     fi
     printf 'S1 x %s %s %s %s %s\n' "$1" "${_s1_status:--}" "$2" "$3" "$5"
-    if [ "$2" = done ]; then
-        cat "o$1" "e$1"
-    else
-        head -c "$3" "o$1"
-        head -c "$5" "e$1"
-    fi
-    : >"o$1"
-    : >"e$1"
+    head -c "$3" "o$1"
+    head -c "$5" "e$1"
 }

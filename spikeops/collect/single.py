@@ -71,7 +71,7 @@ DEFAULT_SPOOL = ("/dev/shm", "${TMPDIR:-/tmp}", "/tmp", "/var/tmp")
 SINGLE_GRACE = GRACE_SECONDS + 1
 _CHUNK = 1 << 16
 _HEADER_MAX = 256
-_HEADER = re.compile(rb"^S1 (hello|fail|x|end)(?: (.*))?$")
+_HEADER = re.compile(rb"^S1 (hello|fail|x|b|end)(?: (.*))?$")
 _PROBE_FIELDS = re.compile(rb"^(\d+) (-|\d+) (done|stuck) (\d+) (\d+)$")
 
 
@@ -131,35 +131,45 @@ class Header:
 class FrameReader:
     """Incremental parser of the runner's stdout, fed whatever chunks the channel gives.
 
-    Yields ``("hello", text)``, ``("fail", reason)``, ``("probe", Header)``, ``("out", (index,
-    bytes))``, ``("err", (index, bytes))``, ``("probe-end", index)`` and ``("end", "")``. Payloads are passed on
-    as they arrive, never gathered, so a 16 MiB output costs a chunk of memory, not 16 MiB.
-    Bytes before the hello (a profile script that prints on a non-interactive login) are
-    skipped; after it, anything that is not a frame raises FrameError.
+    Frames: ``S1 x INDEX STATUS STATE NOUT NERR`` then the probe's bytes; or ``S1 b COUNT``,
+    then COUNT such header lines, then their bytes one probe after the other (the runner sends
+    the probes that finished together with one ``wc`` and one ``cat``). Yields
+    ``("hello", text)``, ``("fail", reason)``, ``("probe", Header)``, ``("out", (index, bytes))``,
+    ``("err", (index, bytes))``, ``("probe-end", index)`` and ``("end", "")``. Payloads are
+    passed on as they arrive, never gathered, so a 16 MiB output costs a chunk of memory, not
+    16 MiB. Bytes before the hello (a profile script that prints on a non-interactive login)
+    are skipped; after it, anything that is not a frame raises FrameError.
     """
 
     def __init__(self) -> None:
         self._buffer = bytearray()
         self._hello = False
         self._header: Header | None = None
+        self._queue: deque[Header] = deque()
+        self._expect = 0
         self._left_out = 0
         self._left_err = 0
         self.ended = False
         self.skipped = 0
 
     @property
-    def mid_frame(self) -> Header | None:
-        """The probe whose payload is being received, if any."""
-        return self._header
+    def reported(self) -> set[int]:
+        """Probes the node has reported whose bytes are still arriving."""
+        return {header.index for header in self._queue} | ({self._header.index} if self._header else set())
 
     def feed(self, data: bytes) -> Iterator[tuple[str, Any]]:
         self._buffer.extend(data)
-        while self._buffer and not self.ended:
-            if self._header is not None:
-                yield from self._payload()
-                if self._header is not None:
-                    return
+        while not self.ended:
+            if self._header is None and self._queue and not self._expect:
+                yield from self._next_payload()
                 continue
+            if self._header is not None:
+                if not self._buffer:
+                    return
+                yield from self._payload()
+                continue
+            if not self._buffer:
+                return
             newline = self._buffer.find(b"\n")
             if newline < 0:
                 if len(self._buffer) > _HEADER_MAX and self._hello:
@@ -183,18 +193,25 @@ class FrameReader:
             return
         if not match:
             raise FrameError(f"not a frame header: {line[:80]!r}")
-        kind = match.group(1)
-        if kind == b"end":
+        kind, rest = match.group(1), match.group(2) or b""
+        if kind == b"end" and not self._expect:
             self.ended = True
             yield "end", ""
-            return
-        if kind != b"x":
-            raise FrameError(f"unexpected {kind.decode()!r} frame after the hello")
-        fields = _PROBE_FIELDS.match(match.group(2) or b"")
-        if not fields:
-            raise FrameError(f"bad probe frame header: {line[:80]!r}")
-        index, status, state, out, err = fields.groups()
-        header = Header(int(index), None if status == b"-" else int(status), state.decode(), int(out), int(err))
+        elif kind == b"b" and not self._expect and rest.isdigit() and int(rest) > 0:
+            self._expect = int(rest)
+        elif kind == b"x":
+            fields = _PROBE_FIELDS.match(rest)
+            if not fields:
+                raise FrameError(f"bad probe frame header: {line[:80]!r}")
+            index, status, state, out, err = fields.groups()
+            self._queue.append(Header(int(index), None if status == b"-" else int(status), state.decode(),
+                                      int(out), int(err)))
+            self._expect = max(0, self._expect - 1)
+        else:
+            raise FrameError(f"unexpected frame {line[:80]!r}")
+
+    def _next_payload(self) -> Iterator[tuple[str, Any]]:
+        header = self._queue.popleft()
         self._header, self._left_out, self._left_err = header, header.out, header.err
         yield "probe", header
         if header.out == 0 and header.err == 0:
@@ -416,9 +433,9 @@ def _expire(session: _Session, node_deadline: float | None) -> None:
     """Give up on probes past their own deadline (or the node's): timed out, whatever they
     had sent kept; their frames, should they come, are dropped."""
     now = time.monotonic()
-    receiving = session.reader.mid_frame
+    receiving = session.reader.reported
     for index, entry in list(session.active.items()):
-        if receiving is not None and receiving.index == index:
+        if index in receiving:
             continue  # its frame is arriving: the node has reported it
         if now >= entry.deadline or (node_deadline is not None and now >= node_deadline):
             entry.run.error = "timeout"
