@@ -140,14 +140,24 @@ def test_runner_reports_a_node_without_a_spool_directory(tmp_path: Path) -> None
 
 @given(st.lists(st.tuples(st.binary(max_size=300), st.binary(max_size=50), st.sampled_from(["done", "stuck"]),
                           st.one_of(st.none(), st.integers(0, 255))), max_size=6),
-       st.lists(st.integers(1, 97), min_size=1, max_size=8), st.binary(max_size=40).filter(lambda b: b"S1" not in b))
-def test_frame_reader_reassembles_any_chunking(probes, cuts, banner) -> None:
-    """Whatever the channel's chunk sizes, each probe's bytes come out whole; a login banner
-    before the hello is skipped."""
+       st.lists(st.integers(1, 97), min_size=1, max_size=8), st.binary(max_size=40).filter(lambda b: b"S1" not in b),
+       st.lists(st.integers(1, 3), min_size=1, max_size=4))
+def test_frame_reader_reassembles_any_chunking(probes, cuts, banner, groups) -> None:
+    """Whatever the channel's chunk sizes, and whether probes come one frame each or in
+    batches, each probe's bytes come out whole; a login banner before the hello is skipped."""
     stream = banner + b"\nS1 hello 1\n"
-    for index, (out, err, state, status) in enumerate(probes):
-        stream += (f"S1 x {index} {'-' if status is None else status} {state} {len(out)} {len(err)}\n".encode()
-                   + out + err)
+    index, step = 0, 0
+    while index < len(probes):
+        group = list(enumerate(probes))[index:index + groups[step % len(groups)]]
+        step += 1
+        heads = [f"S1 x {i} {'-' if status is None else status} {state} {len(out)} {len(err)}\n".encode()
+                 for i, (out, err, state, status) in group]
+        bodies = [out + err for _, (out, err, _, _) in group]
+        if len(group) == 1:
+            stream += heads[0] + bodies[0]
+        else:
+            stream += f"S1 b {len(group)}\n".encode() + b"".join(heads) + b"".join(bodies)
+        index += len(group)
     stream += b"S1 end\n"
     reader = FrameReader()
     got: dict[int, list] = {}
