@@ -101,7 +101,7 @@ def test_runner_frames_every_probe_on_any_posix_shell(shell: str, tmp_path: Path
         _probe("linger", f"echo 'partial answer'; setsid sh -c 'echo $$ >{lingerer}; exec sleep 30' &", timeout=1),
         _probe("stderr-flood", "yes complaint >&2", timeout=1),
     ]
-    script = runner_script() + start_line([str(tmp_path)])
+    script = runner_script() + start_line([str(tmp_path)], quiet=1)
     script += b"".join(probe_line(index, probe) for index, probe in enumerate(probes)) + b"_f\n"
     env = dict(os.environ, **env) if env is not None else None
     t0 = time.monotonic()

@@ -1,7 +1,7 @@
 # spikeops node runner, protocol S1: every probe of a node in one SSH session.
 #
 # The collector runs `exec sh -s` and writes this file to the session's stdin, then
-# `_s1_start SPOOL_DIR...`, one line per probe (`_r INDEX KEEP_BLOCKS TIMEOUT 'COMMAND'`) as
+# `_s1_start QUIET SPOOL_DIR...`, one line per probe (`_r INDEX KEEP_BLOCKS TIMEOUT 'COMMAND'`) as
 # slots free up, and `_f` when there is nothing more to run. Only POSIX sh and the commands
 # every Linux node has (mktemp, mkfifo, cat, head, wc, rm, sleep, kill) are used: dash,
 # busybox sh and bash all run it, and nothing is installed on the node.
@@ -22,12 +22,15 @@
 # written is sent and it is no longer waited for. The session starts with `S1 hello 1` (or
 # `S1 fail REASON` when no spool directory can be made, and the collector falls back to a
 # session per probe) and ends with `S1 end`. Time is kept in half-second ticks by a ticker
-# process, since POSIX sh has no clock. Events reach the emitter through a FIFO (lines under
+# process, since POSIX sh has no clock; it first sleeps QUIET seconds (the shortest probe
+# timeout: nothing can be overdue before), so a session that ends sooner costs one `sleep`. Events reach the emitter through a FIFO (lines under
 # PIPE_BUF bytes, so writes from many processes never interleave): `s I T` a probe started,
 # `d I` it finished, `t N` N half-seconds passed, `f` no more probes, `q` the runner is gone.
 
 _s1_start() {
     umask 077
+    _s1_quiet=$1
+    shift
     _s1_dir=
     for _s1_base do
         [ -d "$_s1_base" ] && [ -w "$_s1_base" ] || continue
@@ -83,6 +86,8 @@ _f() {
 }
 
 _s1_tick() {
+    sleep "$_s1_quiet"
+    echo "t $((2 * _s1_quiet))" >&5
     while kill -0 "$_s1_main" 2>/dev/null; do
         if sleep 0.5 2>/dev/null; then echo 't 1'; else sleep 1; echo 't 2'; fi >&5
     done

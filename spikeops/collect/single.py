@@ -89,14 +89,15 @@ def runner_script() -> bytes:
 _SCRIPT: bytes | None = None
 
 
-def start_line(spool: Sequence[str] | None = None) -> bytes:
-    """``_s1_start DIR...``: the default candidates are left for the node's shell to expand
-    (``$TMPDIR``); configured ones are quoted."""
+def start_line(spool: Sequence[str] | None = None, quiet: float = 1) -> bytes:
+    """``_s1_start QUIET DIR...``: QUIET is the shortest probe timeout in whole seconds (the
+    runner's ticker sleeps that long first); the default spool candidates are left for the
+    node's shell to expand (``$TMPDIR``), configured ones are quoted."""
     words = list(DEFAULT_SPOOL) if not spool else [shlex.quote(path) for path in spool]
     for word in words:
         if "\n" in word:
             raise ValueError(f"spool directory {word!r} holds a newline")
-    return ("_s1_start " + " ".join(words) + "\n").encode()
+    return (f"_s1_start {max(1, int(quiet))} " + " ".join(words) + "\n").encode()
 
 
 def probe_line(index: int, probe: PlannedProbe) -> bytes:
@@ -315,15 +316,17 @@ def run_single(
     """Run ``probes`` (and the per-interface ones the node's listing calls for) in one
     session on an open transport. Never raises for a probe's or the session's failure."""
     t0 = time.monotonic()
+    first = discovery_probe(min(channel_timeout, 10.0)) if expand_interfaces is not None else None
+    quiet = min([probe.timeout for probe in probes] + ([first.timeout] if first else []), default=1.0)
     try:
         channel = transport.open_session(timeout=channel_timeout)
         channel.exec_command(SESSION_COMMAND)
-        channel.sendall(runner_script() + start_line(spool))
+        channel.sendall(runner_script() + start_line(spool, quiet))
     except Exception as exc:  # paramiko: SSHException, ChannelException, EOFError, OSError
         return SingleResult(fallback=f"could not start the runner session ({type(exc).__name__}: {exc})")
     pending: deque[PlannedProbe] = deque(probes)
-    if expand_interfaces is not None:
-        pending.appendleft(discovery_probe(min(channel_timeout, 10.0)))
+    if first is not None:
+        pending.appendleft(first)
     session = _Session(channel, FrameReader(), pending, open_sink, expand_interfaces, max(1, sessions),
                        discovering=expand_interfaces is not None)
     selector = selectors.DefaultSelector()
