@@ -11,7 +11,7 @@ APT_PACKAGES := openssh-server munge slurmctld slurmd slurm-client busybox
 # The demo's nodes are real sshd servers (Slurm is used when installed, never installed for it).
 DEMO_APT_PACKAGES := openssh-server
 # ... and the benchmarks' baselines (pdsh; clush comes with ClusterShell from PyPI).
-BENCH_APT_PACKAGES := openssh-server pdsh
+BENCH_APT_PACKAGES := openssh-server pdsh time
 
 .PHONY: demo test venv apt bench example clean help
 

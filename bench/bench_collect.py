@@ -2,13 +2,16 @@
 
 Starts the local cluster (infra/sim/cluster: real sshd per 16 nodes on loopback, node tools
 answering from per-node files) at each size, and measures every tool against the same
-servers, under two node models (``--login``):
+servers, under three node models (``--login``):
 
 - ``cheap``: this machine's bare sshd (no PAM, a login shell without profile): what the
   tests use, and cheaper than a compute node;
 - ``real``: what a compute node's login costs (spikeops.sim.nodetools.REAL_LOGIN, justified
   in the README): 50 ms of PAM session stack per connection, 40 ms of login shell and profile
-  per session, paid as waiting by each node, as on a cluster each node pays it on its own cores.
+  per session, paid as waiting by each node, as on a cluster each node pays it on its own cores;
+- ``real-cpu``: the same, the 40 ms of each session burnt as CPU by its shell. Every
+  simulated node shares this machine's two cores, so this charges one node's sessions to all
+  the others too: an upper bound of what sessions cost, where ``real`` is a lower one.
 
 The five probes of the issue (nvidia-smi -q, the kernel log, ethtool -S per interface, ibstat,
 the InfiniBand counters) are run by:
@@ -44,7 +47,8 @@ from pathlib import Path
 
 from spikeops.inventory import load_inventory
 from spikeops.sim import cluster as simcluster
-from spikeops.sim.nodetools import CHEAP_LOGIN, REAL_LOGIN, LoginCost
+from spikeops.sim.cluster import LOGINS
+from spikeops.sim.nodetools import LoginCost
 
 PROBES = [
     "nvidia-smi -q",
@@ -55,7 +59,6 @@ PROBES = [
 ]
 JOINED = " ; ".join(f"{{ {probe} ; }}" for probe in PROBES)
 FIVE_ONLY = "".join(f"\n[probes.{name}]\nenabled = false\n" for name in ("nccl", "nccl-version", "train", "nvml"))
-LOGINS = {"cheap": CHEAP_LOGIN, "real": REAL_LOGIN}
 
 Row = tuple[str, float, float, int, str, float | None]  # label, wall s, client CPU s, peak RSS KiB, check, node CPU s
 CPUACCT = Path("/sys/fs/cgroup/cpuacct")
@@ -103,17 +106,32 @@ def _measured(cpu: NodeCpu, run: Callable[[], tuple[str, float, float, int, str]
     return label, seconds, client, rss, check, None if before is None or after is None else after - before
 
 
+TIME = shutil.which("time", path="/usr/bin:/bin")
+
+
 def _run(argv: list[str], env: dict[str, str] | None = None, stdout: Path | None = None) -> tuple[float, float, int, int]:
     """Wall seconds, client CPU seconds, peak RSS (KiB) of the largest process in the tree,
-    exit status."""
+    exit status.
+
+    The RSS comes from GNU time (``/usr/bin/time -f %M``) around the command: a child forked
+    straight from this process starts from this process's resident set, which Linux keeps
+    as the child's peak across exec, so wait4 would report this benchmark's own size (150 MB
+    once it has built a 256-node scenario) for every tool. time is small."""
     out = open(stdout, "wb") if stdout else subprocess.DEVNULL  # noqa: SIM115
+    peak_file = Path(tempfile.mktemp(prefix="spikeops-bench-rss-"))
+    command = [TIME, "-q", "-f", "%M", "-o", str(peak_file), *argv] if TIME else argv
     t0 = time.perf_counter()
-    process = subprocess.Popen(argv, stdout=out, stderr=subprocess.DEVNULL, env=env)
+    process = subprocess.Popen(command, stdout=out, stderr=subprocess.DEVNULL, env=env)
     _, status, usage = os.wait4(process.pid, 0)
     seconds = time.perf_counter() - t0
     if stdout:
         out.close()
-    return seconds, usage.ru_utime + usage.ru_stime, usage.ru_maxrss, os.waitstatus_to_exitcode(status)
+    peak = usage.ru_maxrss
+    if TIME:
+        text = peak_file.read_text().strip().splitlines() if peak_file.exists() else []
+        peak = int(text[-1]) if text and text[-1].isdigit() else 0
+        peak_file.unlink(missing_ok=True)
+    return seconds, usage.ru_utime + usage.ru_stime, peak, os.waitstatus_to_exitcode(status)
 
 
 def _hosts(nodes: list[str], out: Path) -> Path:
@@ -123,8 +141,11 @@ def _hosts(nodes: list[str], out: Path) -> Path:
 
 
 def _pdsh(cluster: simcluster.Cluster, nodes: list[str], command: str, fanout: int, out: Path):
+    # -l: pdsh's %u is the local user otherwise (root here), whose login shell would read this
+    # machine's root ~/.bashrc on every session instead of the nodes' login user's empty one
     env = dict(os.environ, PDSH_RCMD_TYPE="ssh", PDSH_SSH_ARGS=f"-F {cluster.ssh_config} -x -l%u %h")
-    return _run(["pdsh", "-R", "ssh", "-f", str(fanout), "-w", f"^{_hosts(nodes, out)}", command], env=env, stdout=out)
+    return _run(["pdsh", "-R", "ssh", "-l", cluster.user, "-f", str(fanout), "-w", f"^{_hosts(nodes, out)}", command],
+                env=env, stdout=out)
 
 
 def _pdsh_exec(cluster: simcluster.Cluster, nodes: list[str], command: str, fanout: int, out: Path):
@@ -229,14 +250,15 @@ def _bench_size(size: int, logins: list[str], fanout: int, per_probe: bool, work
 def _describe(login: LoginCost) -> str:
     if login.free:
         return "cheap (bare sshd)"
-    return f"real ({login.connection_ms} ms/connection + {login.session_ms} ms/session)"
+    how = "CPU" if login.session_cpu else "waiting"
+    return f"real ({login.connection_ms} ms/connection + {login.session_ms} ms/session of {how})"
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--nodes", type=int, nargs="+", default=[64, 256])
-    parser.add_argument("--login", nargs="+", choices=sorted(LOGINS), default=["real", "cheap"],
-                        help="node models to measure (default: real cheap)")
+    parser.add_argument("--nodes", type=int, nargs="*", default=[64, 256], help="sizes to measure every tool at")
+    parser.add_argument("--login", nargs="+", choices=list(LOGINS), default=["real", "real-cpu", "cheap"],
+                        help="node models to measure (default: real real-cpu cheap)")
     parser.add_argument("--rss-nodes", type=int, nargs="*", default=[],
                         help="sizes at which only spikeops (one session per node) is run, for its peak RSS")
     parser.add_argument("--fanout", type=int, default=64)

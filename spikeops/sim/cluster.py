@@ -58,7 +58,15 @@ from spikeops.sim import localcluster
 from spikeops.sim.build import build_bundle
 from spikeops.sim.model import CAUSES
 from spikeops.sim.nodefiles import NodeSource, bundle_sources, real_sources, write_node
-from spikeops.sim.nodetools import CHEAP_LOGIN, OVERRIDES, REAL_LOGIN, LoginCost, write_override, write_tools
+from spikeops.sim.nodetools import (
+    CHEAP_LOGIN,
+    OVERRIDES,
+    REAL_LOGIN,
+    REAL_LOGIN_CPU,
+    LoginCost,
+    write_override,
+    write_tools,
+)
 from spikeops.sim.sshd import (
     MAX_LISTEN,
     ClusterError,
@@ -81,6 +89,7 @@ __all__ = [
     "Cluster",
     "ClusterError",
     "FAULTS",
+    "LOGINS",
     "REAL",
     "FORMAT",
     "up",
@@ -98,6 +107,8 @@ __all__ = [
 
 #: Fault kinds (``--fault NODE=KIND``).
 FAULTS = ("refuse", "silent", "hostkey", "hang", "flood", "slow", "nogpu", "noib", "binary", "linger", "dies")
+#: ``--login`` choices: what a login costs on the simulated nodes.
+LOGINS = {"cheap": CHEAP_LOGIN, "real": REAL_LOGIN, "real-cpu": REAL_LOGIN_CPU}
 #: The scenario whose nodes answer with real tool output.
 REAL = "real"
 #: ``cluster.json``'s format tag.
@@ -441,7 +452,7 @@ def up(directory: str | Path, *, nodes: int = 8, scenario: str = "gpu_xid", seed
         )
         extra: dict[str, Any] = {"scenario": scenario, "seed": seed, "first_address": first_address,
                                  "made_searchable": searchable, "pids": {},
-                                 "login": {"connection_ms": login.connection_ms, "session_ms": login.session_ms}}
+                                 "login": _login_record(login)}
         _save(cluster, extra)  # before any process starts: down finds a half-started cluster
         _write_nodes(cluster, sources)
         write_tools(root, login)
@@ -487,9 +498,13 @@ def set_login(directory: str | Path, login: LoginCost) -> None:
     finally:
         os.umask(umask)
     document = json.loads((root / "cluster.json").read_text(encoding="utf-8"))
-    document["login"] = {"connection_ms": login.connection_ms, "session_ms": login.session_ms}
+    document["login"] = _login_record(login)
     document.pop("format", None)
     localcluster.save(root, FORMAT, document)
+
+
+def _login_record(login: LoginCost) -> dict[str, Any]:
+    return {"connection_ms": login.connection_ms, "session_ms": login.session_ms, "session_cpu": login.session_cpu}
 
 
 def _invoking_user() -> str:
@@ -570,10 +585,11 @@ def _parser() -> argparse.ArgumentParser:
                        help=f"NODE is a node name or #i (0-based index); KIND one of {', '.join(FAULTS)}. Repeatable")
     start.add_argument("--distractors", action="store_true", help="plant the scenario's seeded distractors")
     start.add_argument("--fixtures", type=Path, default=None, help="real fixtures directory for --scenario real")
-    start.add_argument("--login", choices=("cheap", "real"), default="cheap",
+    start.add_argument("--login", choices=tuple(LOGINS), default="cheap",
                        help="what each SSH connection and session costs: 'cheap' (this machine's bare sshd, the "
-                            f"default) or 'real' ({REAL_LOGIN.connection_ms} ms per connection for the PAM session "
-                            f"stack, {REAL_LOGIN.session_ms} ms per session for the login shell's profile)")
+                            f"default), 'real' ({REAL_LOGIN.connection_ms} ms of waiting per connection for the PAM "
+                            f"session stack, {REAL_LOGIN.session_ms} ms per session for the login shell's profile) "
+                            "or 'real-cpu' (the same, the session's part as CPU)")
     stop = sub.add_parser("down", help="stop every process of the cluster (idempotent)")
     stop.add_argument("--dir", required=True, type=Path)
     show = sub.add_parser("status", help="what is running; exit 0 when every node listens, 1 otherwise")
@@ -615,7 +631,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "spikeops.sim.cluster", args,
         start=lambda: up(args.dir, nodes=args.nodes, scenario=args.scenario, seed=args.seed, port=args.port,
                          first_address=args.first_address, faults=dict(args.fault), distractors=args.distractors,
-                         fixtures=args.fixtures, login=REAL_LOGIN if args.login == "real" else CHEAP_LOGIN),
+                         fixtures=args.fixtures, login=LOGINS[args.login]),
         down=down, status=status, show_up=_print_up, show_status=_print_status)
 
 

@@ -28,7 +28,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["TOOLS", "OVERRIDES", "BINARY_OUTPUT", "LoginCost", "CHEAP_LOGIN", "REAL_LOGIN", "write_tools", "write_override",
+__all__ = ["TOOLS", "OVERRIDES", "BINARY_OUTPUT", "LoginCost", "CHEAP_LOGIN", "REAL_LOGIN", "REAL_LOGIN_CPU", "write_tools", "write_override",
            "login_cost_block", "NOT_FOUND_EXIT"]
 
 NOT_FOUND_EXIT = 127
@@ -155,10 +155,13 @@ OVERRIDES = {
 
 @dataclass(frozen=True)
 class LoginCost:
-    """What a login costs a node beyond this sim's bare sshd, in milliseconds of waiting."""
+    """What a login costs a node beyond this sim's bare sshd, in milliseconds: waiting, or
+    for the session part with ``session_cpu``, CPU burnt by the session's shell (a login
+    shell reading its profile is CPU work on the node)."""
 
     connection_ms: int = 0
     session_ms: int = 0
+    session_cpu: bool = False
 
     @property
     def free(self) -> bool:
@@ -170,6 +173,9 @@ CHEAP_LOGIN = LoginCost()
 #: A compute node's login (bench/README.md, "What a login costs"): 50 ms of PAM session
 #: stack per connection, 40 ms of login shell and profile per session.
 REAL_LOGIN = LoginCost(connection_ms=50, session_ms=40)
+#: The same, the 40 ms of each session spent as CPU (all simulated nodes share this machine's
+#: cores, so this charges each session's cost to every other node too: an upper bound).
+REAL_LOGIN_CPU = LoginCost(connection_ms=50, session_ms=40, session_cpu=True)
 
 _LOGIN_BLOCK = """# What a real node's login costs beyond this bare sshd (spikeops.sim.nodetools.LoginCost),
 # as waiting: on a cluster that work runs on each node's own cores, here two cores serve all.
@@ -185,16 +191,34 @@ while [ -r "/proc/$c/stat" ]; do
 done
 set -- ${s##*) }
 if mkdir "@ROOT@/run/conn/$c-${20}" 2>/dev/null; then sleep @CONNECTION@; fi
-sleep @SESSION@
+@SESSION@
 """
+_SPIN = 'i=0\nwhile [ "$i" -lt @N@ ]; do i=$((i + 1)); done'
+_SPIN_PROBE = 200_000
+
+
+def _spin_rate() -> float:
+    """Iterations of the node shell's counting loop per CPU millisecond on this machine."""
+    import resource
+    import subprocess
+
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    subprocess.run(["/bin/sh", "-c", _SPIN.replace("@N@", str(_SPIN_PROBE))], check=True)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return _SPIN_PROBE / max(cpu * 1000, 1e-3)
 
 
 def login_cost_block(cost: LoginCost) -> str:
     """The node-shell lines that make a session cost what a real login costs ("" when free)."""
     if cost.free:
         return ""
+    if cost.session_cpu:
+        session = _SPIN.replace("@N@", str(int(_spin_rate() * max(0, cost.session_ms))))
+    else:
+        session = f"sleep {max(0, cost.session_ms) / 1000:.3f}"
     return (_LOGIN_BLOCK.replace("@CONNECTION@", f"{max(0, cost.connection_ms) / 1000:.3f}")
-            .replace("@SESSION@", f"{max(0, cost.session_ms) / 1000:.3f}"))
+            .replace("@SESSION@", session))
 
 
 def _write_script(path: Path, text: str) -> None:
