@@ -314,6 +314,16 @@ def test_a_node_whose_sshd_dies_mid_run_keeps_what_it_sent(sessions: str, tmp_pa
         assert "SSH session ended" in (folder / "nvidia-smi-q.err").read_text()
 
 
+def test_login_cost_models_wait_or_burn_cpu() -> None:
+    from spikeops.sim.nodetools import CHEAP_LOGIN, REAL_LOGIN_CPU, login_cost_block
+
+    assert login_cost_block(CHEAP_LOGIN) == ""
+    waiting, burning = login_cost_block(REAL_LOGIN), login_cost_block(REAL_LOGIN_CPU)
+    assert "sleep 0.040" in waiting and "while" not in waiting.split("mkdir")[-1]
+    assert "sleep 0.040" not in burning and "while [ \"$i\" -lt" in burning
+    assert "sleep 0.050" in waiting and "sleep 0.050" in burning  # the connection's part waits in both
+
+
 def test_real_login_cost_is_paid_once_per_connection_and_once_per_session(tmp_path: Path) -> None:
     """The benchmark's node model: the first session of a connection marks it (and waits for
     the PAM stack); later sessions of the same connection do not mark it again."""
