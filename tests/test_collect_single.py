@@ -347,3 +347,32 @@ def test_real_login_cost_is_paid_once_per_connection_and_once_per_session(tmp_pa
             finally:
                 client.close()
             assert len(list(marks.iterdir())) == connection + 1
+
+
+def test_frames_before_garbage_are_kept() -> None:
+    """A stream that turns to garbage mid-way (a runner of another version, something writing
+    into the session) still yields every frame before the garbage, then says what went wrong."""
+    from collections import deque as chunks
+
+    from spikeops.collect.single import _drain, _Session
+
+    class Channel:  # the seam: what paramiko's Channel offers _drain
+        closed = eof_received = False
+
+        def __init__(self, data: list[bytes]) -> None:
+            self.data = chunks(data)
+
+        def recv_stderr_ready(self) -> bool:
+            return False
+
+        def recv_ready(self) -> bool:
+            return bool(self.data)
+
+        def recv(self, size: int) -> bytes:
+            return self.data.popleft()
+
+    channel = Channel([b"S1 hello 1\nS1 x 0 0 done 3 0\nabc", b"S1 x 1 0 done 2 0\nxyS1 garbage here\n"])
+    session = _Session(channel, FrameReader(), chunks(), lambda probe: None, None, 8)
+    events, closed, garbled = _drain(channel, session)
+    assert [kind for kind, _ in events].count("probe-end") == 2 and closed
+    assert garbled and "garbage" in garbled

@@ -345,18 +345,17 @@ def run_single(
             if node_deadline is not None:
                 deadlines.append(node_deadline)
             selector.select(max(0.0, min(1.0, min(deadlines) - now)))
-            events, closed = _drain(channel, session)
-            try:
-                for kind, value in events:
-                    if kind == "hello":
-                        hello = True
-                        session.start_more()
-                    elif kind == "fail":
-                        return SingleResult(fallback=f"the node cannot run the runner: {value}")
-                    else:
-                        _on_frame(session, kind, value)
-            except FrameError as exc:
-                lost = f"the runner's output is garbled ({exc})"
+            events, closed, garbled = _drain(channel, session)
+            for kind, value in events:
+                if kind == "hello":
+                    hello = True
+                    session.start_more()
+                elif kind == "fail":
+                    return SingleResult(fallback=f"the node cannot run the runner: {value}")
+                else:
+                    _on_frame(session, kind, value)
+            if garbled is not None:
+                lost = f"the runner's output is garbled ({garbled})"
                 break
             if session.reader.ended:
                 break
@@ -393,8 +392,9 @@ def run_single(
     return SingleResult(_wrap_up(session, lost), lost=lost)
 
 
-def _drain(channel: Any, session: _Session) -> tuple[list[tuple[str, Any]], bool]:
-    """Everything the channel holds, parsed; and whether the channel is done for good."""
+def _drain(channel: Any, session: _Session) -> tuple[list[tuple[str, Any]], bool, str | None]:
+    """Everything the channel holds, parsed (the frames before any garbage included);
+    whether the channel is done for good; and what was wrong with the stream, if anything."""
     events: list[tuple[str, Any]] = []
     while channel.recv_stderr_ready():
         data = channel.recv_stderr(_CHUNK)
@@ -407,9 +407,13 @@ def _drain(channel: Any, session: _Session) -> tuple[list[tuple[str, Any]], bool
         if not data:
             eof = True
             break
-        events.extend(session.reader.feed(data))
+        try:
+            for event in session.reader.feed(data):
+                events.append(event)
+        except FrameError as exc:
+            return events, True, str(exc)
     closed = eof or ((channel.closed or channel.eof_received) and not channel.recv_ready())
-    return events, closed
+    return events, closed, None
 
 
 def _on_frame(session: _Session, kind: str, value: Any) -> None:
