@@ -1,35 +1,54 @@
 """Benchmark: `spikeops collect` against `pdsh -R ssh` and `clush`, same probes, same servers.
 
 Starts the local cluster (infra/sim/cluster: real sshd per 16 nodes on loopback, node tools
-answering from per-node files) at each size, then runs in one process of measurement:
+answering from per-node files) at each size, and measures every tool against the same
+servers, under three node models (``--login``):
 
-- spikeops collect, the five probes of the issue (nvidia-smi -q, the kernel log, ethtool -S
-  per interface, ibstat, the InfiniBand counters), fan-out 64 (and its default 128);
-- pdsh -R ssh -f 64, once per probe (how an engineer runs it: five commands, five passes);
-- pdsh -R ssh -f 64, once with the five commands joined (one connection per node, like
-  spikeops; the outputs come back interleaved and must be split by hand);
-- pdsh -R exec -f 64 running `ssh %h` itself, joined: the same ssh client without pdsh's ssh
-  module, which here waits ~0.1 s per connection (strace: its threads sleep in turn);
-- clush -f 64, the same two ways.
+- ``cheap``: this machine's bare sshd (no PAM, a login shell without profile): what the
+  tests use, and cheaper than a compute node;
+- ``real``: what a compute node's login costs (spikeops.sim.nodetools.REAL_LOGIN, justified
+  in the README): 50 ms of PAM session stack per connection, 40 ms of login shell and profile
+  per session, paid as waiting by each node, as on a cluster each node pays it on its own cores;
+- ``real-cpu``: the same, the 40 ms of each session burnt as CPU by its shell. Every
+  simulated node shares this machine's two cores, so this charges one node's sessions to all
+  the others too: an upper bound of what sessions cost, where ``real`` is a lower one.
 
-Wall time and peak RSS (the process tree's largest resident set, from wait4) per tool.
-Run by hand: `python bench/bench_collect.py --nodes 64 256 --rss-nodes 1024`; the figures
-go in the README. Nothing here is asserted; the tests check behaviour, this measures speed.
+The five probes of the issue (nvidia-smi -q, the kernel log, ethtool -S per interface, ibstat,
+the InfiniBand counters) are run by:
+
+- spikeops collect, one session per node (the default) and a session per probe, fan-out 64;
+- pdsh -R ssh -f 64 with the five commands joined into one (one connection and one session
+  per node; the outputs come back interleaved, with one exit status, no per-probe bound);
+- pdsh -R exec -f 64 running `ssh %h` itself, joined (the same ssh client without pdsh's ssh
+  module, which here waits ~0.1 s per connection: strace shows its threads sleeping in turn);
+- clush -f 64, joined;
+- with ``--per-probe-baselines``, pdsh and clush once per probe as well (five runs).
+
+Wall time, client CPU (user + system of the tool and the children it waited for), node CPU
+(everything the sshd servers ran for it, from a cpuacct cgroup, when run as root) and peak RSS
+(the largest process of the tree, from wait4). Run by hand: `python bench/bench_collect.py
+--nodes 64 256 --login real cheap [--rss-nodes 1024]`; the figures go in the README. Nothing here is asserted;
+the tests check behaviour, this measures speed.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from spikeops.inventory import load_inventory
 from spikeops.sim import cluster as simcluster
+from spikeops.sim.cluster import LOGINS
+from spikeops.sim.nodetools import LoginCost
 
 PROBES = [
     "nvidia-smi -q",
@@ -38,124 +57,232 @@ PROBES = [
     "ibstat",
     'grep -H . "${SPIKEOPS_SYSFS:-/sys}"/class/infiniband/*/ports/*/counters/*',
 ]
-CPU: list[float] = []
+JOINED = " ; ".join(f"{{ {probe} ; }}" for probe in PROBES)
 FIVE_ONLY = "".join(f"\n[probes.{name}]\nenabled = false\n" for name in ("nccl", "nccl-version", "train", "nvml"))
 
+Row = tuple[str, float, float, int, str, float | None]  # label, wall s, client CPU s, peak RSS KiB, check, node CPU s
+CPUACCT = Path("/sys/fs/cgroup/cpuacct")
 
-def _run(argv: list[str], env: dict[str, str] | None = None, stdout: Path | None = None) -> tuple[float, int, int]:
-    """Wall seconds, peak RSS (KiB) of the largest process in the tree, exit status; the
-    client's CPU seconds (its own and its waited-for children's, user + system) go into
-    ``CPU`` under the command's first word."""
+
+class NodeCpu:
+    """CPU time spent by every process the cluster's sshd listeners start (sessions, shells,
+    probes, runners, whatever they leave behind), through a cgroup-v1 cpuacct group the
+    listeners are moved into (their children are born in it). Needs root and cpuacct mounted;
+    otherwise ``read`` returns None and the column says "-"."""
+
+    def __init__(self, cluster: simcluster.Cluster) -> None:
+        self.group: Path | None = None
+        pids = json.loads((cluster.directory / "cluster.json").read_text())["pids"]
+        try:
+            group = CPUACCT / f"spikeops-bench-{os.getpid()}"
+            group.mkdir()
+            self.group = group
+            for name, pid in pids.items():
+                if name.startswith("sshd-"):
+                    (group / "cgroup.procs").write_text(f"{pid}\n")
+        except OSError:
+            self.close()
+
+    def read(self) -> float | None:
+        if self.group is None:
+            return None
+        return int((self.group / "cpuacct.usage").read_text()) / 1e9
+
+    def close(self) -> None:
+        """After the cluster is down (a group with processes in it cannot be removed)."""
+        if self.group is not None:
+            try:
+                self.group.rmdir()
+            except OSError:
+                pass
+            self.group = None
+
+
+def _measured(cpu: NodeCpu, run: Callable[[], tuple[str, float, float, int, str]]) -> Row:
+    before = cpu.read()
+    label, seconds, client, rss, check = run()
+    time.sleep(0.3)  # what the nodes still do after the client returned (a runner cleaning up)
+    after = cpu.read()
+    return label, seconds, client, rss, check, None if before is None or after is None else after - before
+
+
+TIME = shutil.which("time", path="/usr/bin:/bin")
+
+
+def _run(argv: list[str], env: dict[str, str] | None = None, stdout: Path | None = None) -> tuple[float, float, int, int]:
+    """Wall seconds, client CPU seconds, peak RSS (KiB) of the largest process in the tree,
+    exit status.
+
+    The RSS comes from GNU time (``/usr/bin/time -f %M``) around the command: a child forked
+    straight from this process starts from this process's resident set, which Linux keeps
+    as the child's peak across exec, so wait4 would report this benchmark's own size (150 MB
+    once it has built a 256-node scenario) for every tool. time is small."""
     out = open(stdout, "wb") if stdout else subprocess.DEVNULL  # noqa: SIM115
+    peak_file = Path(tempfile.mktemp(prefix="spikeops-bench-rss-"))
+    command = [TIME, "-q", "-f", "%M", "-o", str(peak_file), *argv] if TIME else argv
     t0 = time.perf_counter()
-    process = subprocess.Popen(argv, stdout=out, stderr=subprocess.DEVNULL, env=env)
+    process = subprocess.Popen(command, stdout=out, stderr=subprocess.DEVNULL, env=env)
     _, status, usage = os.wait4(process.pid, 0)
     seconds = time.perf_counter() - t0
-    CPU.append(usage.ru_utime + usage.ru_stime)
     if stdout:
         out.close()
-    # ru_maxrss of wait4 is the child's own; its children's peaks come from RUSAGE_CHILDREN.
-    return seconds, usage.ru_maxrss, os.waitstatus_to_exitcode(status)
+    peak = usage.ru_maxrss
+    if TIME:
+        text = peak_file.read_text().strip().splitlines() if peak_file.exists() else []
+        peak = int(text[-1]) if text and text[-1].isdigit() else 0
+        peak_file.unlink(missing_ok=True)
+    return seconds, usage.ru_utime + usage.ru_stime, peak, os.waitstatus_to_exitcode(status)
 
 
-def _spikeops(inventory: Path, job: str, out: Path, fanout: int) -> tuple[float, int, int]:
-    shutil.rmtree(out, ignore_errors=True)
-    exe = Path(sys.executable).with_name("spikeops")
-    return _run([str(exe), "collect", "-i", str(inventory), "--job", job, "--out", str(out),
-                 "--fanout", str(fanout)])
+def _hosts(nodes: list[str], out: Path) -> Path:
+    hosts = out.with_suffix(".hosts")
+    hosts.write_text("\n".join(nodes) + "\n")
+    return hosts
 
 
-def _pdsh(cluster: simcluster.Cluster, nodes: list[str], command: str, fanout: int, out: Path) -> tuple[float, int, int]:
+def _pdsh(cluster: simcluster.Cluster, nodes: list[str], command: str, fanout: int, out: Path):
+    # -l: pdsh's %u is the local user otherwise (root here), whose login shell would read this
+    # machine's root ~/.bashrc on every session instead of the nodes' login user's empty one
     env = dict(os.environ, PDSH_RCMD_TYPE="ssh", PDSH_SSH_ARGS=f"-F {cluster.ssh_config} -x -l%u %h")
-    hosts = out.with_suffix(".hosts")
-    hosts.write_text("\n".join(nodes) + "\n")
-    return _run(["pdsh", "-R", "ssh", "-f", str(fanout), "-w", f"^{hosts}", command], env=env, stdout=out)
+    return _run(["pdsh", "-R", "ssh", "-l", cluster.user, "-f", str(fanout), "-w", f"^{_hosts(nodes, out)}", command],
+                env=env, stdout=out)
 
 
-def _pdsh_exec(cluster: simcluster.Cluster, nodes: list[str], command: str, fanout: int,
-               out: Path) -> tuple[float, int, int]:
-    hosts = out.with_suffix(".hosts")
-    hosts.write_text("\n".join(nodes) + "\n")
-    return _run(["pdsh", "-R", "exec", "-f", str(fanout), "-w", f"^{hosts}", "ssh", "-F", str(cluster.ssh_config),
-                 "%h", command], stdout=out)
+def _pdsh_exec(cluster: simcluster.Cluster, nodes: list[str], command: str, fanout: int, out: Path):
+    return _run(["pdsh", "-R", "exec", "-f", str(fanout), "-w", f"^{_hosts(nodes, out)}", "ssh", "-F",
+                 str(cluster.ssh_config), "%h", command], stdout=out)
 
 
-def _clush(cluster: simcluster.Cluster, nodes: list[str], command: str, fanout: int, out: Path) -> tuple[float, int, int]:
+def _clush(cluster: simcluster.Cluster, nodes: list[str], command: str, fanout: int, out: Path):
     exe = Path(sys.executable).with_name("clush")
-    hosts = out.with_suffix(".hosts")
-    hosts.write_text("\n".join(nodes) + "\n")
-    return _run([str(exe), "-f", str(fanout), "--hostfile", str(hosts), "-o", f"-F {cluster.ssh_config}",
+    return _run([str(exe), "-f", str(fanout), "--hostfile", str(_hosts(nodes, out)), "-o", f"-F {cluster.ssh_config}",
                  "-l", cluster.user, command], stdout=out)
 
 
-def _bench_size(size: int, fanout: int, rss_only: bool, work: Path) -> list[tuple[str, float, int, str]]:
+def _nodes_answering(out: Path) -> int:
+    """Nodes with at least one line in a pdsh/clush output ("node: line")."""
+    return len({line.split(":", 1)[0] for line in out.read_text(errors="replace").splitlines() if ":" in line})
+
+
+def _spikeops(cluster: simcluster.Cluster, size: int, work: Path, fanout: int,
+              sessions: str) -> tuple[str, float, float, int, str]:
+    inventory = work / f"inventory-{size}-{sessions}.toml"
+    inventory.write_text(cluster.inventory.read_text().replace("fanout = 128\n", f'fanout = 128\nsessions = "{sessions}"\n')
+                         + FIVE_ONLY)
+    bundle = work / f"bundle-{size}-{sessions}"
+    shutil.rmtree(bundle, ignore_errors=True)
+    exe = Path(sys.executable).with_name("spikeops")
+    seconds, cpu, rss, code = _run([str(exe), "collect", "-i", str(inventory), "--job", cluster.job, "--out",
+                                    str(bundle), "--fanout", str(fanout)])
+    ok = sum(1 for p in (bundle / "nodes").iterdir() if (p / "nvidia-smi-q.txt").is_file()) if bundle.is_dir() else 0
+    label = "spikeops collect, one session per node" if sessions == "single" else "spikeops collect, a session per probe"
+    return label, seconds, cpu, rss, f"exit {code}, {ok}/{size} nodes with evidence"
+
+
+def _baselines(cluster: simcluster.Cluster, size: int, work: Path, fanout: int, per_probe: bool,
+               node_cpu: NodeCpu) -> list[Row]:
+    nodes = load_inventory(cluster.inventory).nodes
+    rows: list[Row] = []
+    tools: list[tuple[str, Callable]] = [("pdsh -R ssh", _pdsh), ("pdsh -R exec ssh", _pdsh_exec), ("clush", _clush)]
+    for tool, runner in tools:
+        out = work / f"{tool.replace(' ', '_')}-{size}-joined.out"
+
+        def joined(tool: str = tool, runner: Callable = runner, out: Path = out) -> tuple[str, float, float, int, str]:
+            seconds, cpu, rss, code = runner(cluster, nodes, JOINED, fanout, out)
+            return (f"{tool} -f {fanout}, the five joined in one command", seconds, cpu, rss,
+                    f"exit {code}, output from {_nodes_answering(out)}/{size} nodes")
+
+        rows.append(_measured(node_cpu, joined))
+        if per_probe and runner is not _pdsh_exec:
+
+            def each(tool: str = tool, runner: Callable = runner) -> tuple[str, float, float, int, str]:
+                total = cpu_total = 0.0
+                peak, codes = 0, []
+                for index, probe in enumerate(PROBES):
+                    seconds, cpu, rss, code = runner(cluster, nodes, probe, fanout,
+                                                     work / f"{tool.replace(' ', '_')}-{size}-{index}.out")
+                    total, cpu_total, peak = total + seconds, cpu_total + cpu, max(peak, rss)
+                    codes.append(code)
+                return f"{tool} -f {fanout}, one run per probe (5 runs)", total, cpu_total, peak, f"exits {codes}"
+
+            rows.append(_measured(node_cpu, each))
+    return rows
+
+
+def _median(rows: list[Row]) -> Row:
+    """The run of median wall time among repeats (its CPU and RSS with it)."""
+    ordered = sorted(rows, key=lambda row: row[1])
+    return ordered[(len(ordered) - 1) // 2]
+
+
+def _bench_size(size: int, logins: list[str], fanout: int, per_probe: bool, work: Path,
+                rss_only: bool = False, repeat: int = 1) -> list[tuple[str, Row]]:
     shm = Path("/dev/shm")
-    base = Path(tempfile.mkdtemp(prefix="spikeops-bench-", dir=shm)) if shm.is_dir() else work
-    try:
-        return _measure(size, fanout, rss_only, work, base)
-    finally:
-        if base != work:
-            shutil.rmtree(base, ignore_errors=True)
-
-
-def _measure(size: int, fanout: int, rss_only: bool, work: Path, base: Path) -> list[tuple[str, float, int, str]]:
-    rows: list[tuple[str, float, int, str]] = []
-    port = simcluster.free_port(("127.0.16.11",))
     # The servers' files on tmpfs when there is one (cluster start-up is not what is measured);
     # every tool's output goes to the same disk directory.
-    with simcluster.running(base / f"cluster-{size}", nodes=size, port=port, first_address="127.0.16.11") as cluster:
-        inventory = work / f"inventory-{size}.toml"
-        inventory.write_text(cluster.inventory.read_text() + FIVE_ONLY)
-        nodes = load_inventory(inventory).nodes
-        joined = " ; ".join(f"{{ {probe} ; }}" for probe in PROBES)
-        for label, fan in ((f"spikeops collect (fanout {fanout})", fanout), ("spikeops collect (fanout 128)", 128)):
-            CPU.clear()
-            seconds, rss, code = _spikeops(inventory, cluster.job, work / f"bundle-{size}", fan)
-            ok = sum(1 for p in (work / f"bundle-{size}" / "nodes").iterdir()
-                     if (p / "nvidia-smi-q.txt").is_file())
-            rows.append((label, seconds, rss, f"{sum(CPU):.1f} | exit {code}, {ok}/{size} nodes with evidence"))
-            if rss_only:
-                return rows
-        for tool, runner in (("pdsh -R ssh", _pdsh), ("pdsh -R exec ssh", _pdsh_exec), ("clush", _clush)):
-            total, peak, codes = 0.0, 0, []
-            CPU.clear()
-            if runner is _pdsh_exec:
-                out = work / f"exec-{size}-joined.out"
-                seconds, rss, code = runner(cluster, nodes, joined, fanout, out)
-                rows.append((f"{tool} -f {fanout}, the five joined in one run", seconds, rss,
-                             f"{sum(CPU):.1f} | exit {code}"))
-                continue
-            for index, probe in enumerate(PROBES):
-                seconds, rss, code = runner(cluster, nodes, probe, fanout, work / f"{tool[:5]}-{size}-{index}.out")
-                total, peak = total + seconds, max(peak, rss)
-                codes.append(code)
-            rows.append((f"{tool} -f {fanout}, one run per probe (5 runs)", total, peak, f"{sum(CPU):.1f} | exits {codes}"))
-            CPU.clear()
-            out = work / f"{tool[:5]}-{size}-joined.out"
-            seconds, rss, code = runner(cluster, nodes, joined, fanout, out)
-            hosts = len({line.split(":", 1)[0] for line in out.read_text(errors="replace").splitlines() if ":" in line})
-            rows.append((f"{tool} -f {fanout}, the five joined in one run", seconds, rss,
-                         f"{sum(CPU):.1f} | exit {code}, output from {hosts}/{size} nodes"))
+    base = Path(tempfile.mkdtemp(prefix="spikeops-bench-", dir=shm if shm.is_dir() else None))
+    rows: list[tuple[str, Row]] = []
+    node_cpu: NodeCpu | None = None
+    try:
+        port = simcluster.free_port(("127.0.16.11",))
+        with simcluster.running(base / f"cluster-{size}", nodes=size, port=port, first_address="127.0.16.11") as cluster:
+            node_cpu = NodeCpu(cluster)
+            for login in logins:
+                simcluster.set_login(cluster.directory, LOGINS[login])
+                if rss_only:
+                    rows.append((login, _measured(node_cpu, lambda: _spikeops(cluster, size, work, fanout, "single"))))
+                    continue
+                # the tools take turns, `repeat` rounds, so a load that comes and goes on a
+                # shared machine falls on all of them alike; each one's median run is kept
+                rounds: list[list[Row]] = []
+                for _ in range(repeat):
+                    ours = [_measured(node_cpu, lambda mode=mode: _spikeops(cluster, size, work, fanout, mode))
+                            for mode in ("single", "per-probe")]
+                    rounds.append(ours + _baselines(cluster, size, work, fanout, per_probe, node_cpu))
+                rows.extend((login, _median([one[i] for one in rounds])) for i in range(len(rounds[0])))
+    finally:
+        if node_cpu is not None:
+            node_cpu.close()
+        shutil.rmtree(base, ignore_errors=True)
     return rows
+
+
+def _describe(login: LoginCost) -> str:
+    if login.free:
+        return "cheap (bare sshd)"
+    how = "CPU" if login.session_cpu else "waiting"
+    return f"real ({login.connection_ms} ms/connection + {login.session_ms} ms/session of {how})"
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--nodes", type=int, nargs="+", default=[64, 256])
-    parser.add_argument("--rss-nodes", type=int, nargs="*", default=[1024],
-                        help="sizes at which only spikeops is run, for its peak RSS")
+    parser.add_argument("--nodes", type=int, nargs="*", default=[64, 256], help="sizes to measure every tool at")
+    parser.add_argument("--login", nargs="+", choices=list(LOGINS), default=["real", "real-cpu", "cheap"],
+                        help="node models to measure (default: real real-cpu cheap)")
+    parser.add_argument("--rss-nodes", type=int, nargs="*", default=[],
+                        help="sizes at which only spikeops (one session per node) is run, for its peak RSS")
     parser.add_argument("--fanout", type=int, default=64)
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="rounds of every tool in turn; the median run of each is printed (default 1)")
+    parser.add_argument("--per-probe-baselines", action="store_true",
+                        help="also run pdsh and clush once per probe (slow: five passes over the nodes)")
     args = parser.parse_args()
+    # a stopped benchmark still stops its cluster (the finally blocks run on SystemExit)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     if not shutil.which("pdsh"):
         print("pdsh is not installed (apt-get install pdsh)", file=sys.stderr)
         return 2
     with tempfile.TemporaryDirectory(prefix="spikeops-bench-collect-") as tmp:
         work = Path(tmp)
-        print("| nodes | tool | wall s | peak RSS MiB | client CPU s | check |")
-        print("| ---: | --- | ---: | ---: | ---: | --- |")
-        for size, rss_only in [(n, False) for n in args.nodes] + [(n, True) for n in args.rss_nodes]:
-            for label, seconds, rss, check in _bench_size(size, args.fanout, rss_only, work):
-                print(f"| {size} | {label} | {seconds:.2f} | {rss / 1024:.0f} | {check} |", flush=True)
+        print("| nodes | login | tool | wall s | client CPU s | node CPU s | peak RSS MiB | check |")
+        print("| ---: | --- | --- | ---: | ---: | ---: | ---: | --- |")
+        runs = [(size, False) for size in args.nodes] + [(size, True) for size in args.rss_nodes]
+        for size, rss_only in runs:
+            for login, (label, seconds, cpu, rss, check, nodes) in _bench_size(
+                    size, args.login, args.fanout, args.per_probe_baselines, work, rss_only, max(1, args.repeat)):
+                shown = "-" if nodes is None else f"{nodes:.1f}"
+                print(f"| {size} | {_describe(LOGINS[login])} | {label} | {seconds:.2f} | {cpu:.1f} | {shown} | "
+                      f"{rss / 1024:.0f} | {check} |", flush=True)
     return 0
 
 

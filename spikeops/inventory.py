@@ -34,6 +34,7 @@ __all__ = [
     "expand_nodes",
     "fold_nodes",
     "DEFAULT_SESSIONS_PER_NODE",
+    "SESSION_MODES",
     "resolve_targets",
     "DEFAULT_PORT",
     "DEFAULT_CONNECT_TIMEOUT",
@@ -47,6 +48,8 @@ DEFAULT_COMMAND_TIMEOUT = 30.0
 DEFAULT_FANOUT = 128
 #: OpenSSH's default MaxSessions is 10; stay below it so a stock sshd never refuses a channel.
 DEFAULT_SESSIONS_PER_NODE = 8
+#: ``[ssh] sessions``: every probe of a node in one SSH session (default), or one session each.
+SESSION_MODES = ("single", "per-probe")
 #: Node names become bundle folder names and SSH host names; never shell words.
 _NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
@@ -65,6 +68,8 @@ class SshSettings:
     fanout: int = DEFAULT_FANOUT
     sessions_per_node: int = DEFAULT_SESSIONS_PER_NODE
     config: str | None = "~/.ssh/config"
+    sessions: str = SESSION_MODES[0]
+    spool_dir: str | None = None
 
 
 @dataclass(frozen=True)
@@ -192,7 +197,15 @@ def _ssh_settings(table: Mapping[str, Any], where: str) -> SshSettings:
     config = table.get("config", "~/.ssh/config")
     if config is not None and not isinstance(config, str):
         raise InputError(f"{where}: [ssh] config must be a path string ('' to ignore ~/.ssh/config)")
-    return SshSettings(port=port, config=_text_or_none(config), **text, **numbers)
+    sessions = _typed(table, "sessions", (str,), f"{where} [ssh]") or SESSION_MODES[0]
+    if sessions not in SESSION_MODES:
+        raise InputError(f"{where}: [ssh] sessions must be one of {', '.join(map(repr, SESSION_MODES))}, "
+                         f"not {sessions!r}")
+    spool = _text_or_none(_typed(table, "spool_dir", (str,), f"{where} [ssh]"))
+    if spool is not None and (not spool.startswith("/") or "\n" in spool or "\0" in spool):
+        raise InputError(f"{where}: [ssh] spool_dir must be an absolute path on the nodes, not {spool!r}")
+    return SshSettings(port=port, config=_text_or_none(config), sessions=sessions, spool_dir=spool,
+                       **text, **numbers)
 
 
 def _probe_settings(table: Mapping[str, Any], where: str) -> dict[str, ProbeSettings]:

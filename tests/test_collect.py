@@ -47,10 +47,10 @@ def _inventory(cluster: simcluster.Cluster, name: str, extra: str = "", **replac
 
 
 @pytest.fixture(scope="module")
-def faulty(tmp_path_factory: pytest.TempPathFactory) -> Iterator[simcluster.Cluster]:
-    root = tmp_path_factory.mktemp("faulty-cluster")
+def faulty() -> Iterator[simcluster.Cluster]:
     port = simcluster.free_port(("127.0.8.11",))
-    with simcluster.running(root / "c", nodes=12, port=port, first_address="127.0.8.11", faults=FAULTS) as cluster:
+    with simcluster.scratch() as root, simcluster.running(root / "c", nodes=12, port=port,
+                                                          first_address="127.0.8.11", faults=FAULTS) as cluster:
         yield cluster
 
 
@@ -227,8 +227,8 @@ def test_collected_bundle_diagnoses_like_the_scenario(tmp_path: Path) -> None:
     from spikeops.diagnosis import diagnose
 
     port = simcluster.free_port(("127.0.9.11",))
-    with simcluster.running(tmp_path / "c", nodes=6, port=port, first_address="127.0.9.11",
-                            scenario="gpu_xid", seed=3) as cluster:
+    with simcluster.scratch() as root, simcluster.running(root / "c", nodes=6, port=port, first_address="127.0.9.11",
+                                                          scenario="gpu_xid", seed=3) as cluster:
         bundle = tmp_path / "bundle"
         bundle.mkdir()
         for name in ("incident.json", "metrics.jsonl", "ranks.jsonl", "batches.jsonl", "checkpoints.json"):
@@ -236,7 +236,7 @@ def test_collected_bundle_diagnoses_like_the_scenario(tmp_path: Path) -> None:
                 shutil.copy(cluster.scenario_bundle / name, bundle / name)
         result = collect(load_inventory(cluster.inventory), cluster.job, bundle)
         assert {r.outcome for r in result.nodes} == {"ok"}
-    expected = diagnose(cluster.scenario_bundle).to_json()
+        expected = diagnose(cluster.scenario_bundle).to_json()
     got = diagnose(bundle).to_json()
     assert got["primary"]["cause"] == expected["primary"]["cause"] == "gpu_xid"
     assert got["culprit_nodes"] == expected["culprit_nodes"] and got["culprit_nodes"]

@@ -6,6 +6,11 @@ its own timeout, the node by the sum of its probe waves. A node that fails in an
 recorded as data in its ``probes.json`` and in the summary; it never fails the collection
 or delays the other nodes' evidence beyond those bounds.
 
+On each connection the probes run in one SSH session (``spikeops.collect.single``, the
+default) or in a session each (``spikeops.collect.runner``, ``[ssh] sessions = "per-probe"``);
+a node that cannot run the single-session runner falls back to a session per probe. Both
+write the same files; collection.json says which way each node went.
+
 ``collect_nodes`` is the unit the Prefect shard tasks call with a slice of the nodes; the
 ``collect`` entry point adds what a whole run needs (the bundle's incident.json, the
 refusal to overwrite evidence, the record of the collection).
@@ -26,7 +31,8 @@ from typing import Any
 
 from spikeops.bundle import BundleWriter, atomic_write
 from spikeops.collect.plan import PlannedProbe, check_job_id, plan_interfaces, plan_probes
-from spikeops.collect.runner import GRACE_SECONDS, ProbeRun, run_probes
+from spikeops.collect.runner import ProbeRun, run_probes
+from spikeops.collect.single import SINGLE_GRACE, run_single
 from spikeops.collect.ssh import ConnectFailure, Connector
 from spikeops.errors import InputError
 from spikeops.inventory import Inventory, Target, fold_nodes, resolve_targets
@@ -62,6 +68,8 @@ class NodeResult:
     seconds: float
     probes: list[ProbeRun] = field(default_factory=list)
     address: str | None = None
+    #: "single", "per-probe", or "per-probe (fallback: why)"; None when never connected.
+    sessions: str | None = None
 
     def problems(self) -> list[str]:
         """One phrase per probe that did not simply succeed."""
@@ -84,7 +92,7 @@ class NodeResult:
     def to_json(self) -> dict[str, Any]:
         return {
             "node": self.node, "address": self.address, "outcome": self.outcome, "detail": self.detail,
-            "seconds": round(self.seconds, 3),
+            "seconds": round(self.seconds, 3), "sessions": self.sessions,
             "probes": {run.name: {"exit": run.exit, "error": run.error, "seconds": run.seconds,
                                   "bytes": run.stdout_bytes} for run in self.probes},
         }
@@ -150,10 +158,37 @@ def _statuses(runs: Iterable[ProbeRun]) -> list[ProbeStatus]:
 
 def _node_budget(inventory: Inventory, probes: list[PlannedProbe]) -> float:
     """The most a reachable node may take: its probes in waves of ``sessions_per_node``,
-    each bounded by its own timeout, plus the interface listing and its ethtool wave."""
+    each bounded by its own timeout, plus the interface listing and its ethtool wave (and a
+    runner that never says hello before the fall back to a session per probe)."""
     longest = max((probe.timeout for probe in probes), default=inventory.ssh.command_timeout)
     waves = math.ceil((len(probes) + 1) / inventory.ssh.sessions_per_node) + 1
-    return waves * (longest + GRACE_SECONDS) + 3 * inventory.ssh.connect_timeout
+    return waves * (longest + SINGLE_GRACE) + 3 * inventory.ssh.connect_timeout
+
+
+def _plan_order(runs: list[ProbeRun], probes: list[PlannedProbe]) -> list[ProbeRun]:
+    """Runs in the order the probes were planned (the per-interface ones after, by name),
+    whatever order they finished in, so probes.json reads the same from one collection (and
+    one session mode) to the next."""
+    rank = {probe.name: index for index, probe in enumerate(probes)}
+    return sorted(runs, key=lambda run: (rank.get(run.name, len(rank)), "" if run.name in rank else run.name))
+
+
+def _run_node(inventory: Inventory, transport: Any, probes: list[PlannedProbe],
+              open_sink: Callable[[PlannedProbe], Any], deadline: float) -> tuple[list[ProbeRun], str, str | None]:
+    """The probes' runs, the session mode used, and why the connection was lost (if it was)."""
+    ssh = inventory.ssh
+    common: dict[str, Any] = dict(sessions=ssh.sessions_per_node,
+                                  expand_interfaces=lambda names: plan_interfaces(inventory, names),
+                                  channel_timeout=ssh.connect_timeout, node_deadline=deadline)
+    mode = ssh.sessions
+    if mode == "single":
+        single = run_single(transport, probes, open_sink,
+                            spool=[ssh.spool_dir] if ssh.spool_dir else None, **common)
+        if single.fallback is None:
+            return single.runs, mode, single.lost
+        mode = f"per-probe (fallback: {single.fallback})"
+    runs = run_probes(transport, probes, open_sink, **common)
+    return runs, mode, None if transport.is_active() else "the SSH connection was lost"
 
 
 def _collect_node(inventory: Inventory, job: str, target: Target, writer: BundleWriter,
@@ -171,24 +206,28 @@ def _collect_node(inventory: Inventory, job: str, target: Target, writer: Bundle
     live[target.node] = client
     try:
         writer.clear_node(target.node, baseline=baseline)
-        runs = run_probes(
-            client.get_transport(), probes,
+        runs, mode, lost = _run_node(
+            inventory, client.get_transport(), probes,
             lambda probe: writer.probe_sink(target.node, probe.filename, baseline=baseline),
-            sessions=inventory.ssh.sessions_per_node,
-            expand_interfaces=lambda names: plan_interfaces(inventory, names),
-            channel_timeout=inventory.ssh.connect_timeout,
-            node_deadline=t0 + _node_budget(inventory, probes),
+            t0 + _node_budget(inventory, probes),
         )
     finally:
         live.pop(target.node, None)
         client.close()
+    runs = _plan_order(runs, probes)
     for run in runs:
         _write_stderr(writer, target.node, run, baseline)
     writer.write_probes_json(target.node, _statuses(runs), baseline=baseline)
     timed_out = [run.name for run in runs if run.error == "timeout"]
-    outcome = "timeout" if timed_out else "ok"
-    detail = f"timed out: {', '.join(timed_out)}" if timed_out else None
-    return NodeResult(target.node, outcome, detail, time.monotonic() - t0, runs, address=target.hostname)
+    if lost is not None:
+        kept = sum(1 for run in runs if run.written)
+        outcome, detail = "unreachable", f"{lost}: kept {kept} of {len(runs)} probe outputs"
+    elif timed_out:
+        outcome, detail = "timeout", f"timed out: {', '.join(timed_out)}"
+    else:
+        outcome, detail = "ok", None
+    return NodeResult(target.node, outcome, detail, time.monotonic() - t0, runs, address=target.hostname,
+                      sessions=mode)
 
 
 # ------------------------------------------------------------------------------- many nodes

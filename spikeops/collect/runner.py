@@ -1,4 +1,8 @@
-"""Running a node's probes over one SSH connection, as concurrent channels.
+"""Running a node's probes over one SSH connection, a session (channel) per probe.
+
+This is the ``[ssh] sessions = "per-probe"`` mode; ``spikeops.collect.single`` runs every
+probe of a node in one session instead, and shares the accounting here (``accept_stdout``,
+``finish``), so both modes turn the same output into the same files and probes.json.
 
 One connection per node (a handshake costs more than every probe together on loopback, and
 a real sshd's MaxStartups throttles handshakes, not channels), at most ``sessions`` channels
@@ -21,7 +25,20 @@ from typing import Any
 from spikeops.bundle import AtomicSink
 from spikeops.collect.plan import IFACE_DISCOVERY, PlannedProbe, physical_interfaces, remote_command
 
-__all__ = ["ProbeRun", "run_probes", "DISCOVERY_NAME", "STDERR_CAP", "GRACE_SECONDS"]
+__all__ = [
+    "ProbeRun",
+    "Active",
+    "run_probes",
+    "accept_stdout",
+    "accept_stderr",
+    "finish",
+    "not_run",
+    "discovery_probe",
+    "discovery_failed",
+    "DISCOVERY_NAME",
+    "STDERR_CAP",
+    "GRACE_SECONDS",
+]
 
 #: stderr kept per probe: enough for any tool's complaint, bounded against a flood.
 STDERR_CAP = 64 << 10
@@ -53,7 +70,9 @@ class ProbeRun:
 
 
 @dataclass
-class _Active:
+class Active:
+    """A probe in flight: where its output goes and when it is given up on."""
+
     probe: PlannedProbe
     run: ProbeRun
     sink: AtomicSink | None
@@ -64,7 +83,8 @@ class _Active:
     truncated: bool = False
 
 
-def _discovery_probe(timeout: float) -> PlannedProbe:
+def discovery_probe(timeout: float) -> PlannedProbe:
+    """The interface listing a node's per-interface probes are planned from."""
     return PlannedProbe(DISCOVERY_NAME, "", "", IFACE_DISCOVERY,
                         remote_command(IFACE_DISCOVERY, timeout, 64 << 10, "head"), timeout, 64 << 10, "head")
 
@@ -83,8 +103,8 @@ def run_probes(
     node lists) on an open transport. Never raises for a probe's failure: it is recorded."""
     pending: deque[PlannedProbe] = deque(probes)
     if expand_interfaces is not None:
-        pending.appendleft(_discovery_probe(min(channel_timeout, 10.0)))
-    active: dict[Any, _Active] = {}
+        pending.appendleft(discovery_probe(min(channel_timeout, 10.0)))
+    active: dict[Any, Active] = {}
     runs: list[ProbeRun] = []
     selector = selectors.DefaultSelector()
     lost: str | None = None
@@ -102,7 +122,7 @@ def run_probes(
                 selector.register(channel, selectors.EVENT_READ)
             if lost is not None:
                 for probe in pending:
-                    runs.append(_failed(probe, lost))
+                    runs.append(not_run(probe, lost))
                 pending.clear()
             if not active:
                 continue
@@ -122,14 +142,14 @@ def run_probes(
                     entry.run.error = "timeout"
                     state = "closed"
                 channel.close()
-                _finish(entry, now)
+                finish(entry, now)
                 runs.append(entry.run)
                 if entry.probe.name == DISCOVERY_NAME and expand_interfaces is not None:
                     runs.pop()
                     listing = bytes(entry.memory or b"").decode("utf-8", "replace").splitlines()
                     extra = expand_interfaces(physical_interfaces(listing)) if entry.run.error is None else []
                     if entry.run.error is not None or entry.run.exit not in (0, None):
-                        runs.append(_discovery_failed(entry))
+                        runs.append(discovery_failed(entry))
                     pending.extendleft(reversed(extra))
     finally:
         for channel, entry in active.items():
@@ -141,7 +161,7 @@ def run_probes(
 
 
 def _start(transport: Any, probe: PlannedProbe, open_sink: Callable[[PlannedProbe], AtomicSink],
-           channel_timeout: float) -> tuple[Any, _Active]:
+           channel_timeout: float) -> tuple[Any, Active]:
     started = datetime.now(UTC)
     run = ProbeRun(probe.name, probe.filename, probe.command, started)
     t0 = time.monotonic()
@@ -152,34 +172,44 @@ def _start(transport: Any, probe: PlannedProbe, open_sink: Callable[[PlannedProb
         run.error = "command-failed"
         run.stderr = f"spikeops: could not start the command over SSH ({type(exc).__name__}: {exc})".encode()
         run.seconds = round(time.monotonic() - t0, 3)
-        return None, _Active(probe, run, None, t0, t0)
+        return None, Active(probe, run, None, t0, t0)
     memory = bytearray() if probe.name == DISCOVERY_NAME else None
     sink = None if memory is not None else open_sink(probe)
-    return channel, _Active(probe, run, sink, t0, t0 + probe.timeout + GRACE_SECONDS, memory)
+    return channel, Active(probe, run, sink, t0, t0 + probe.timeout + GRACE_SECONDS, memory)
 
 
-def _pump(channel: Any, entry: _Active) -> str | None:
+def accept_stderr(entry: Active, data: bytes) -> None:
+    """Keep the first ``STDERR_CAP`` bytes of a probe's stderr; drop the rest."""
+    room = STDERR_CAP - len(entry.stderr)
+    if room > 0:
+        entry.stderr.extend(data[:room])
+
+
+def accept_stdout(entry: Active, data: bytes) -> bool:
+    """Stream stdout into the probe's sink (or memory), up to its cap; True once the output
+    went past the cap (what is beyond it is dropped, and the probe is then given up on)."""
+    room = entry.probe.max_bytes - entry.run.stdout_bytes
+    if len(data) > room:
+        data = data[:room]
+        entry.truncated = True
+    if entry.memory is not None:
+        entry.memory.extend(data)
+    elif entry.sink is not None:
+        entry.sink.write(data)
+    entry.run.stdout_bytes += len(data)
+    return entry.truncated
+
+
+def _pump(channel: Any, entry: Active) -> str | None:
     """Move what has arrived into the sink; "done" when the command finished, "capped" when
     its output reached the cap (the channel is then abandoned), None while running."""
     while channel.recv_stderr_ready():
-        data = channel.recv_stderr(_CHUNK)
-        room = STDERR_CAP - len(entry.stderr)
-        if room > 0:
-            entry.stderr.extend(data[:room])
+        accept_stderr(entry, channel.recv_stderr(_CHUNK))
     while channel.recv_ready():
         data = channel.recv(_CHUNK)
         if not data:
             break
-        room = entry.probe.max_bytes - entry.run.stdout_bytes
-        if len(data) > room:
-            data = data[:room]
-            entry.truncated = True
-        if entry.memory is not None:
-            entry.memory.extend(data)
-        elif entry.sink is not None:
-            entry.sink.write(data)
-        entry.run.stdout_bytes += len(data)
-        if entry.truncated:
+        if accept_stdout(entry, data):
             return "capped"
     if channel.exit_status_ready() and (channel.eof_received or channel.closed) \
             and not channel.recv_ready() and not channel.recv_stderr_ready():
@@ -190,7 +220,11 @@ def _pump(channel: Any, entry: _Active) -> str | None:
     return None
 
 
-def _finish(entry: _Active, now: float) -> None:
+def finish(entry: Active, now: float) -> None:
+    """Settle a probe's probes.json fields from what was seen, and commit or discard its file.
+
+    An output cut at its cap has no exit status (the probe was given up on when it passed
+    the cap); a file is kept whenever there is output, even from a probe that failed."""
     run = entry.run
     run.seconds = round(now - entry.t0, 3)
     run.stderr = bytes(entry.stderr)
@@ -215,13 +249,14 @@ def _finish(entry: _Active, now: float) -> None:
             entry.sink.discard()
 
 
-def _failed(probe: PlannedProbe, why: str) -> ProbeRun:
+def not_run(probe: PlannedProbe, why: str) -> ProbeRun:
+    """A probe that never ran (or never reported): command-failed, with why on its stderr."""
     run = ProbeRun(probe.name, probe.filename, probe.command, datetime.now(UTC), error="command-failed")
     run.stderr = f"spikeops: not run ({why})".encode()
     return run
 
 
-def _discovery_failed(entry: _Active) -> ProbeRun:
+def discovery_failed(entry: Active) -> ProbeRun:
     """The node would not list its interfaces: record it under the ethtool probe's name."""
     run = entry.run
     run.name, run.filename = "ethtool", ""

@@ -10,7 +10,10 @@ Each SSH session runs the client's command with ``/bin/sh`` on a "node" whose fa
 ``nvidia-smi``, ``dmesg``, ``ethtool`` and ``ibstat`` print that node's files, and whose
 sysfs is ``$SPIKEOPS_SYSFS``. ``scenario="real"`` answers with real tool output from
 ``shared/fixtures/real`` instead. Faults make nodes refuse, stay silent, present a wrong
-host key, hang, flood, answer slowly, or lack GPUs or InfiniBand.
+host key, hang, flood, answer slowly, lack GPUs or InfiniBand, print binary output, leave a
+child holding their output open (``linger``), or lose their SSH connection mid-run (``dies``).
+``login=REAL_LOGIN`` makes each connection and each session cost what a real node's login
+does (``spikeops.sim.nodetools.LoginCost``); the default is this machine's bare sshd.
 
 Layout of D (all written by ``up``)::
 
@@ -37,10 +40,12 @@ import ipaddress
 import json
 import os
 import pwd
+import shutil
 import sys
+import tempfile
 import time
-from collections.abc import Mapping, Sequence
-from contextlib import AbstractContextManager
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -53,7 +58,15 @@ from spikeops.sim import localcluster
 from spikeops.sim.build import build_bundle
 from spikeops.sim.model import CAUSES
 from spikeops.sim.nodefiles import NodeSource, bundle_sources, real_sources, write_node
-from spikeops.sim.nodetools import OVERRIDES, write_override, write_tools
+from spikeops.sim.nodetools import (
+    CHEAP_LOGIN,
+    OVERRIDES,
+    REAL_LOGIN,
+    REAL_LOGIN_CPU,
+    LoginCost,
+    write_override,
+    write_tools,
+)
 from spikeops.sim.sshd import (
     MAX_LISTEN,
     ClusterError,
@@ -76,12 +89,15 @@ __all__ = [
     "Cluster",
     "ClusterError",
     "FAULTS",
+    "LOGINS",
     "REAL",
     "FORMAT",
     "up",
     "down",
     "load",
     "running",
+    "scratch",
+    "set_login",
     "status",
     "node_addresses",
     "free_port",
@@ -90,7 +106,9 @@ __all__ = [
 ]
 
 #: Fault kinds (``--fault NODE=KIND``).
-FAULTS = ("refuse", "silent", "hostkey", "hang", "flood", "slow", "nogpu", "noib")
+FAULTS = ("refuse", "silent", "hostkey", "hang", "flood", "slow", "nogpu", "noib", "binary", "linger", "dies")
+#: ``--login`` choices: what a login costs on the simulated nodes.
+LOGINS = {"cheap": CHEAP_LOGIN, "real": REAL_LOGIN, "real-cpu": REAL_LOGIN_CPU}
 #: The scenario whose nodes answer with real tool output.
 REAL = "real"
 #: ``cluster.json``'s format tag.
@@ -390,12 +408,13 @@ def _start_servers(cluster: Cluster, sshd: str, timeout: float) -> tuple[dict[st
 
 def up(directory: str | Path, *, nodes: int = 8, scenario: str = "gpu_xid", seed: int = 0, port: int = 2222,
        first_address: str = "127.0.0.11", faults: Mapping[str, str] | None = None, distractors: bool = False,
-       fixtures: str | Path | None = None, ready_timeout: float = 30.0) -> Cluster:
+       fixtures: str | Path | None = None, ready_timeout: float = 30.0, login: LoginCost = CHEAP_LOGIN) -> Cluster:
     """Build the scenario, lay out the nodes, start the servers; return the running Cluster.
 
     ``faults`` maps a node name or ``#i`` (index into the scenario's node order) to a kind
     of ``FAULTS``; nodes the scenario made unreachable get ``refuse``. ``fixtures`` is the
-    real-output directory for ``scenario="real"``. Waits at most ``ready_timeout`` seconds
+    real-output directory for ``scenario="real"``; ``login`` what a login costs (default:
+    nothing beyond this machine's sshd). Waits at most ``ready_timeout`` seconds
     for every address to listen. On any failure, what was started is stopped again.
     Sets the process umask to 022 while it writes (files must be readable by the login user).
     """
@@ -432,10 +451,11 @@ def up(directory: str | Path, *, nodes: int = 8, scenario: str = "gpu_xid", seed
             scenario_bundle=root / "scenario", faults={node: resolved[node] for node in names if node in resolved},
         )
         extra: dict[str, Any] = {"scenario": scenario, "seed": seed, "first_address": first_address,
-                                 "made_searchable": searchable, "pids": {}}
+                                 "made_searchable": searchable, "pids": {},
+                                 "login": _login_record(login)}
         _save(cluster, extra)  # before any process starts: down finds a half-started cluster
         _write_nodes(cluster, sources)
-        write_tools(root)
+        write_tools(root, login)
         _write_keys(cluster)
         _write_ssh_config(cluster)
         _write_inventory(cluster, int(incident["job"].get("gpus_per_node") or 8))
@@ -450,6 +470,41 @@ def up(directory: str | Path, *, nodes: int = 8, scenario: str = "gpu_xid", seed
         return cluster
     finally:
         os.umask(umask)
+
+
+@contextmanager
+def scratch(prefix: str = "spikeops-cluster-") -> Iterator[Path]:
+    """A new directory under the system temp directory to put a cluster in, removed after.
+
+    Not pytest's ``tmp_path``: that lives under ``/tmp/pytest-of-USER``, which every pytest
+    session that starts on the machine makes 0700 again, so the login user (``spikeops-sim``
+    when running as root) would lose its way to the keys mid-test whenever someone else
+    starts a test run."""
+    folder = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def set_login(directory: str | Path, login: LoginCost) -> None:
+    """Change what a login costs on a cluster (running or not): the next sessions pay it.
+    The benchmark measures both node models on one cluster instead of building two."""
+    root = Path(directory).resolve()
+    load(root)  # a clear ClusterError when D holds no cluster
+    umask = os.umask(0o022)
+    try:
+        write_tools(root, login)
+    finally:
+        os.umask(umask)
+    document = json.loads((root / "cluster.json").read_text(encoding="utf-8"))
+    document["login"] = _login_record(login)
+    document.pop("format", None)
+    localcluster.save(root, FORMAT, document)
+
+
+def _login_record(login: LoginCost) -> dict[str, Any]:
+    return {"connection_ms": login.connection_ms, "session_ms": login.session_ms, "session_cpu": login.session_cpu}
 
 
 def _invoking_user() -> str:
@@ -530,6 +585,11 @@ def _parser() -> argparse.ArgumentParser:
                        help=f"NODE is a node name or #i (0-based index); KIND one of {', '.join(FAULTS)}. Repeatable")
     start.add_argument("--distractors", action="store_true", help="plant the scenario's seeded distractors")
     start.add_argument("--fixtures", type=Path, default=None, help="real fixtures directory for --scenario real")
+    start.add_argument("--login", choices=tuple(LOGINS), default="cheap",
+                       help="what each SSH connection and session costs: 'cheap' (this machine's bare sshd, the "
+                            f"default), 'real' ({REAL_LOGIN.connection_ms} ms of waiting per connection for the PAM "
+                            f"session stack, {REAL_LOGIN.session_ms} ms per session for the login shell's profile) "
+                            "or 'real-cpu' (the same, the session's part as CPU)")
     stop = sub.add_parser("down", help="stop every process of the cluster (idempotent)")
     stop.add_argument("--dir", required=True, type=Path)
     show = sub.add_parser("status", help="what is running; exit 0 when every node listens, 1 otherwise")
@@ -571,7 +631,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "spikeops.sim.cluster", args,
         start=lambda: up(args.dir, nodes=args.nodes, scenario=args.scenario, seed=args.seed, port=args.port,
                          first_address=args.first_address, faults=dict(args.fault), distractors=args.distractors,
-                         fixtures=args.fixtures),
+                         fixtures=args.fixtures, login=LOGINS[args.login]),
         down=down, status=status, show_up=_print_up, show_status=_print_status)
 
 

@@ -11,16 +11,25 @@ opens thousands of sessions on two cores, so a Python start per call would be th
 
 A tool whose file the node lacks behaves like a command that is not installed (``sh: 1:
 TOOL: not found``, exit 127), which is what the collector meets on a node without GPUs or
-InfiniBand. Faults that change a tool's behaviour (``hang``, ``flood``, ``slow``) are a
+InfiniBand. Faults that change a tool's behaviour (``hang``, ``flood``, ``slow``, ...) are a
 per-node script in ``D/nodes/<node>/bin``, found first on ``PATH``.
+
+A session here is cheaper than on a real node: this sshd runs without PAM and the login
+shell reads no profile. ``LoginCost`` puts the real cost back, as waiting (see
+``login_cost_block``): ``connection_ms`` once per SSH connection (the PAM session stack:
+pam_systemd, pam_slurm_adopt, pam_namespace run once per connection, after authentication)
+and ``session_ms`` once per session (sshd forks and the login shell starts and reads
+``~/.bashrc``, which on RHEL-like nodes sources ``/etc/profile.d``: Lmod and the like).
 """
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["TOOLS", "OVERRIDES", "write_tools", "write_override", "NOT_FOUND_EXIT"]
+__all__ = ["TOOLS", "OVERRIDES", "BINARY_OUTPUT", "LoginCost", "CHEAP_LOGIN", "REAL_LOGIN", "REAL_LOGIN_CPU", "write_tools", "write_override",
+           "login_cost_block", "NOT_FOUND_EXIT"]
 
 NOT_FOUND_EXIT = 127
 
@@ -39,6 +48,7 @@ SPIKEOPS_SYSFS=$PWD/sys
 PATH=$PWD/bin:@ROOT@/bin:/usr/bin:/bin
 export SPIKEOPS_SIM_NODE SPIKEOPS_SIM_NAME SPIKEOPS_SYSFS PATH
 cd "${HOME:-/}" 2>/dev/null || cd /
+@LOGIN@
 if [ -z "$SSH_ORIGINAL_COMMAND" ]; then
     printf '%s\\n' "$SPIKEOPS_SIM_NAME"
     exit 0
@@ -115,35 +125,137 @@ TOOLS = {
     "ibstat": _IBSTAT,
 }
 
+_DIES = """#!/bin/sh
+# spikeops sim fault: dies (2 s in, the SSH connection's own sshd process is killed, as when
+# sshd is OOM-killed or the node panics mid-collection)
+sleep 2
+p=$PPID
+while [ "$p" -gt 1 ] && read -r s <"/proc/$p/stat"; do
+    case $s in *"(sshd"*) kill -9 "$p"; exit 1 ;; esac
+    set -f
+    set -- ${s##*) }
+    p=$2
+done
+exit 1
+"""
+
 #: Faults that replace a node's nvidia-smi: kind -> script (D/nodes/<node>/bin/nvidia-smi).
 OVERRIDES = {
     "hang": "#!/bin/sh\n# spikeops sim fault: hang\nexec sleep 2147483647\n",
     "flood": "#!/bin/sh\n# spikeops sim fault: flood (1 GiB of output)\nhead -c 1073741824 /dev/zero | tr '\\0' x\n",
     "slow": "#!/bin/sh\n# spikeops sim fault: slow (3 s, then the normal answer)\nsleep 3\n"
             "exec @ROOT@/bin/nvidia-smi \"$@\"\n",
+    "binary": "#!/bin/sh\n# spikeops sim fault: binary (NUL bytes, every byte value, a 300 kB line, no final newline)\n"
+              "exec cat \"$SPIKEOPS_SIM_NODE/binary.out\"\n",
+    "linger": "#!/bin/sh\n# spikeops sim fault: linger (answers, exits 0, and leaves a detached child holding stdout)\n"
+              "echo 'partial answer'\nsetsid sleep 120 &\nexit 0\n",
+    "dies": _DIES,
 }
 
 
+@dataclass(frozen=True)
+class LoginCost:
+    """What a login costs a node beyond this sim's bare sshd, in milliseconds: waiting, or
+    for the session part with ``session_cpu``, CPU burnt by the session's shell (a login
+    shell reading its profile is CPU work on the node)."""
+
+    connection_ms: int = 0
+    session_ms: int = 0
+    session_cpu: bool = False
+
+    @property
+    def free(self) -> bool:
+        return self.connection_ms <= 0 and self.session_ms <= 0
+
+
+#: The sim as it is: sshd without PAM, a login shell without profile.
+CHEAP_LOGIN = LoginCost()
+#: A compute node's login (bench/README.md, "What a login costs"): 50 ms of PAM session
+#: stack per connection, 40 ms of login shell and profile per session.
+REAL_LOGIN = LoginCost(connection_ms=50, session_ms=40)
+#: The same, the 40 ms of each session spent as CPU (all simulated nodes share this machine's
+#: cores, so this charges each session's cost to every other node too: an upper bound).
+REAL_LOGIN_CPU = LoginCost(connection_ms=50, session_ms=40, session_cpu=True)
+
+_LOGIN_BLOCK = """# What a real node's login costs beyond this bare sshd (spikeops.sim.nodetools.LoginCost),
+# as waiting: on a cluster that work runs on each node's own cores, here two cores serve all.
+# Once per connection (the first session of the connection's sshd process pays it, marked by
+# that process's pid and start time), then once per session.
+c=$PPID
+while [ -r "/proc/$c/stat" ]; do
+    read -r s <"/proc/$c/stat"
+    case $s in *"(sshd"*) break ;; esac
+    set -- ${s##*) }
+    c=$2
+    [ "$c" -gt 1 ] || break
+done
+set -- ${s##*) }
+if mkdir "@ROOT@/run/conn/$c-${20}" 2>/dev/null; then sleep @CONNECTION@; fi
+@SESSION@
+"""
+_SPIN = 'i=0\nwhile [ "$i" -lt @N@ ]; do i=$((i + 1)); done'
+_SPIN_PROBE = 200_000
+
+
+def _spin_rate() -> float:
+    """Iterations of the node shell's counting loop per CPU millisecond on this machine."""
+    import resource
+    import subprocess
+
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    subprocess.run(["/bin/sh", "-c", _SPIN.replace("@N@", str(_SPIN_PROBE))], check=True)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return _SPIN_PROBE / max(cpu * 1000, 1e-3)
+
+
+def login_cost_block(cost: LoginCost) -> str:
+    """The node-shell lines that make a session cost what a real login costs ("" when free)."""
+    if cost.free:
+        return ""
+    if cost.session_cpu:
+        session = _SPIN.replace("@N@", str(int(_spin_rate() * max(0, cost.session_ms))))
+    else:
+        session = f"sleep {max(0, cost.session_ms) / 1000:.3f}"
+    return (_LOGIN_BLOCK.replace("@CONNECTION@", f"{max(0, cost.connection_ms) / 1000:.3f}")
+            .replace("@SESSION@", session))
+
+
 def _write_script(path: Path, text: str) -> None:
-    path.write_text(text, encoding="utf-8")
-    os.chmod(path, 0o755)
+    """Write (or replace) an executable script whole: a session starting meanwhile runs the
+    old one or the new one, never half of one."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.chmod(tmp, 0o755)
+    os.replace(tmp, path)
 
 
 def _fill(template: str, root: Path) -> str:
     return template.replace("@MISSING@", _MISSING).replace("@ROOT@", str(root))
 
 
-def write_tools(root: Path) -> Path:
-    """Write ``root/bin/node-shell`` and the fake tools; return the node-shell path."""
+def write_tools(root: Path, login: LoginCost = CHEAP_LOGIN) -> Path:
+    """Write ``root/bin/node-shell`` and the fake tools; return the node-shell path. With a
+    login cost, ``root/run/conn`` (world-writable, sticky) holds the per-connection marks."""
     folder = root / "bin"
     folder.mkdir(parents=True, exist_ok=True)
     for name, template in TOOLS.items():
         _write_script(folder / name, _fill(template, root))
     shell = folder / "node-shell"
-    _write_script(shell, _fill(_NODE_SHELL, root))
+    _write_script(shell, _fill(_NODE_SHELL.replace("@LOGIN@", login_cost_block(login).rstrip("\n")), root))
+    if not login.free:
+        marks = root / "run" / "conn"
+        marks.mkdir(parents=True, exist_ok=True)
+        os.chmod(marks, 0o1777)
     return shell
+
+
+#: What the ``binary`` fault's nvidia-smi prints.
+BINARY_OUTPUT = bytes(range(256)) * 64 + b"\0\0" + b"x" * 300_000 + b"\n\0tail without a newline \xff\xfe"
 
 
 def write_override(root: Path, node_dir: Path, kind: str) -> None:
     """Install the per-node nvidia-smi of fault ``kind`` (one of ``OVERRIDES``)."""
+    if kind == "binary":
+        (node_dir / "binary.out").write_bytes(BINARY_OUTPUT)
     _write_script(node_dir / "bin" / "nvidia-smi", _fill(OVERRIDES[kind], root))
