@@ -8,11 +8,22 @@ values count, and weakly (a long-lived NIC accumulates pauses in healthy operati
 
 from __future__ import annotations
 
-import re
 from collections import Counter
 from collections.abc import Callable, Iterable
 
 from spikeops.diagnosis.context import Context
+from spikeops.diagnosis.counters import (
+    DROP_ABSOLUTE,
+    DROP_GROWTH,
+    IB_WATCHED,
+    PAUSE_ABSOLUTE,
+    PAUSE_GROWTH,
+    RETRANSMIT_COUNTERS,
+    congestion_counter_high,
+    ignored,
+    is_drop,
+    is_pause,
+)
 from spikeops.diagnosis.evidence import NodeFacts
 from spikeops.diagnosis.model import EvidenceLine, Finding, RuledOut
 from spikeops.diagnosis.symptom import throughput_drop
@@ -35,20 +46,6 @@ COMM_EVENTS = frozenset({
     "warn", "ib_completion_error", "system_error", "internal_error", "invalid_usage", "remote_error",
     "connection_error", "watchdog_timeout", "desync", "timeout", "abort",
 })
-_PAUSE = re.compile(r"pause", re.I)
-_DROP = re.compile(r"discard|drop|out_of_buffer|buffer_overrun|no_buf|rx_missed|fifo_err", re.I)
-_IGNORE = re.compile(r"xdp|csum|lro|tpa_", re.I)  # XDP drops are a program's choice, not congestion
-#: Growth since the baseline that is congestion, not background.
-PAUSE_GROWTH = 1_000
-DROP_GROWTH = 100
-#: Without a baseline, absolute values this large (and the finding stays weak).
-PAUSE_ABSOLUTE = 10_000_000
-DROP_ABSOLUTE = 1_000_000
-#: IB retransmission counters (hw_counters) whose growth is the spec's "retransmits".
-RETRANSMIT_COUNTERS = ("roce_adp_retrans", "local_ack_timeout_err", "rnr_nak_retry_err", "packet_seq_err",
-                       "implied_nak_seq_err", "out_of_sequence", "duplicate_request")
-
-
 def _comm_events(node: NodeFacts) -> list:
     return [event for event in (node.nccl.events if node.nccl else []) if event.kind in COMM_EVENTS]
 
@@ -128,22 +125,6 @@ def _retransmit_growth(ctx: Context) -> list[tuple[str, str, int, int | None]]:
     return hits
 
 
-#: IB counters whose growth some rule judges (link flaps, discards, retransmits).
-IB_WATCHED = ("link_downed", "link_error_recovery", "port_xmit_discards", "excessive_buffer_overrun_errors",
-              "out_of_buffer", *RETRANSMIT_COUNTERS)
-
-
-def congestion_counter_high(name: str, value: int) -> bool:
-    """Is this NIC counter high enough now that its growth could count as congestion?"""
-    if _IGNORE.search(name):
-        return False
-    if _PAUSE.search(name):
-        return value >= PAUSE_GROWTH
-    if _DROP.search(name):
-        return value >= DROP_GROWTH
-    return False
-
-
 def _congestion_hits(node: NodeFacts) -> tuple[list[tuple[str, str, int, bool]], bool]:
     """(file, counter, growth-or-value, from_baseline) of congestion counters; and whether
     any baseline was available on this node."""
@@ -154,9 +135,9 @@ def _congestion_hits(node: NodeFacts) -> tuple[list[tuple[str, str, int, bool]],
         had_baseline |= base is not None or name in node.baselines
         growth = counter_growth(stats.counters, base.counters if base else None)
         for counter, value in growth.items():
-            if _IGNORE.search(counter):
+            if ignored(counter):
                 continue
-            pause, drop = _PAUSE.search(counter), _DROP.search(counter)
+            pause, drop = is_pause(counter), is_drop(counter)
             if base is not None and ((pause and value >= PAUSE_GROWTH) or (drop and value >= DROP_GROWTH)):
                 hits.append((name, counter, value, True))
             elif base is None and ((pause and value >= PAUSE_ABSOLUTE) or (drop and value >= DROP_ABSOLUTE)):

@@ -26,6 +26,7 @@ import orjson
 import pandas as pd
 
 from spikeops.bundle import Bundle, open_bundle
+from spikeops.diagnosis.counters import IB_WATCHED, congestion_counter_high
 from spikeops.errors import InputError
 from spikeops.probes.bundle_files import (
     BatchRecord,
@@ -509,14 +510,10 @@ def _read(folder: Path, name: str, kind: str, facts: NodeFacts, *, baseline: boo
 def _ethtool_could_have_grown(stats: Any) -> bool:
     """Growth can only exceed the congestion thresholds if the counter is that high now;
     below them the baseline cannot change the verdict, so it is not parsed."""
-    from spikeops.diagnosis.communication import congestion_counter_high
-
     return any(congestion_counter_high(name, value) for name, value in stats.counters.items())
 
 
 def _ib_could_have_grown(counters: Any) -> bool:
-    from spikeops.diagnosis.communication import IB_WATCHED
-
     return any(port.counters.get(name, 0) or port.hw_counters.get(name, 0)
                for port in counters.ports for name in IB_WATCHED)
 
