@@ -250,3 +250,27 @@ def test_pcie_fatal_error_on_a_gpu_and_reltime_dmesg():
     assert {(lost.reason, lost.pci) for lost in log.gpu_lost} == {("pcie_fatal", "0000:03:00")}
     assert all(lost.time is None for lost in log.gpu_lost)
     assert kernel_log.detect(corpus("returnn-gpu-pcie-aer-fatal", "nodes/node-0/kernel.log")) >= 0.5
+
+
+def test_bare_step_loss_table():
+    log = tl.parse(corpus("yanmtt-bare-step-table-nan-reload"))
+    got = steps(log)
+    assert got[76970].loss == pytest.approx(2.6265104)
+    assert math.isnan(got[76980].loss) and got[76980].nan and got[77010].nan
+    assert all(record.source == "table" for record in log.records)
+
+
+def test_a_slurm_out_whose_first_iteration_is_past_the_first_64_kib_is_a_training_log(tmp_path):
+    from spikeops.reading import read_evidence
+
+    init = [f"r7i4n1:3468:3905 [{i % 8}] NCCL INFO Channel {i % 32:02d}/32 :    0   1   2   3 via P2P/IPC"
+            for i in range(1500)]
+    steps_text = [f" iteration {it:8d}/    1000 | lm loss: {8 - it / 100:.6E} | loss scale: 16384.0 | "
+                  "grad norm: 3.1 | number of skipped iterations:   0 | number of nan iterations:   0 |"
+                  for it in range(10, 200, 10)]
+    path = tmp_path / "slurm-1234.out"
+    path.write_text("\n".join(init + steps_text) + "\n")
+    assert len("\n".join(init)) > 64 * 1024
+    reading = read_evidence(path)
+    assert reading.kind.name == "training-log" and reading.detected
+    assert [r.step for r in reading.result.records][:2] == [10, 20]

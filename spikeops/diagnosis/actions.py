@@ -22,7 +22,8 @@ __all__ = ["plan_actions", "ACTION_KINDS"]
 ACTION_KINDS = (
     "stop_job", "preserve_state", "observe", "isolate_nodes", "skip_batches", "filter_data", "fix_rng_restore",
     "check_dataloader", "clip_grad", "detect_anomaly", "lr_test", "check_loss_scale", "enable_nccl_debug",
-    "check_fabric", "align_nccl_version", "quarantine_checkpoint", "check_cooling", "resume", "notify",
+    "check_fabric", "align_nccl_version", "quarantine_checkpoint", "check_cooling", "collect_evidence", "resume",
+    "notify",
 )
 
 #: Causes precise enough to act on at once, even for a spike that recovered.
@@ -68,9 +69,14 @@ def plan_actions(
     culprits: list[str],
     resume_from: dict[str, Any] | None,
     corrupt_checkpoint: dict[str, Any] | None,
+    collect: list[str] | None = None,
 ) -> list[dict[str, Any]]:
     if primary.cause == "false_alarm":
         return [{"kind": "notify", "why": "the metrics show nothing anomalous"}]
+    if primary.cause == "inconclusive":
+        # Nothing to act on: neither stop nor resume on evidence that was not read.
+        return [{"kind": "collect_evidence", "what": list(collect or [])},
+                {"kind": "notify", "why": "the evidence needed to judge could not be read: see missing"}]
     strong = primary.confidence >= 0.8 and primary.cause in _ACTIONABLE
     stop = symptom in ("instant_nan", "spike_no_recovery", "creeping_increase") or bool(culprits) or strong
     actions: list[dict[str, Any]] = []

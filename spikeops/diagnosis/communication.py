@@ -44,10 +44,29 @@ __all__ = [
 #: the GPU's or the program's, judged elsewhere).
 COMM_EVENTS = frozenset({
     "warn", "ib_completion_error", "system_error", "internal_error", "invalid_usage", "remote_error",
-    "connection_error", "watchdog_timeout", "desync", "timeout", "abort",
+    "connection_error", "watchdog_timeout", "desync", "timeout", "abort", "ib_port_error",
 })
 def _comm_events(node: NodeFacts) -> list:
     return [event for event in (node.nccl.events if node.nccl else []) if event.kind in COMM_EVENTS]
+
+
+def _printed_comm_events(ctx: Context) -> tuple[dict[str, list], int]:
+    """NCCL / PyTorch-distributed errors in the job's own output (train.log), by the node a
+    line names (its NCCL prefix's host, its rank); "" for lines that name none."""
+    grouped: dict[str, list] = {}
+    outside = 0
+    for output in ctx.outputs():
+        if output.nccl is None:
+            continue
+        for event in output.nccl.events:
+            if event.kind not in COMM_EVENTS:
+                continue
+            if ctx.in_window(event.time) is False:
+                outside += 1
+                continue
+            node = ctx.output_node(output, host=event.host, rank=event.rank) or ""
+            grouped.setdefault(node, []).append((output.file, event))
+    return grouped, outside
 
 
 def comm_nccl_error(ctx: Context) -> list[Finding]:
@@ -59,10 +78,14 @@ def comm_nccl_error(ctx: Context) -> list[Finding]:
             if inside is False:
                 outside += 1
                 continue
-            per_node.setdefault(node.name, []).append(event)
+            per_node.setdefault(node.name, []).append((node.file("nccl.log"), event))
+    printed, printed_outside = _printed_comm_events(ctx)
+    outside += printed_outside
+    for name, items in printed.items():
+        per_node.setdefault(name, []).extend(items)
     retrans = _retransmit_growth(ctx)
     if not per_node and not retrans:
-        if not any(node.nccl for node in ctx.reachable):
+        if not any(node.nccl for node in ctx.reachable) and not any(o.nccl for o in ctx.outputs()):
             ctx.missing.append("nccl.log: none collected (communication errors not checked)")
         else:
             note = f" ({outside} outside the window)" if outside else ""
@@ -71,22 +94,23 @@ def comm_nccl_error(ctx: Context) -> list[Finding]:
     evidence: list[EvidenceLine] = []
     kinds: Counter[str] = Counter()
     for name, events in sorted(per_node.items()):
-        for event in events:
+        for _, event in events:
             kinds[event.kind] += 1
-        first = events[0]
-        evidence.append(EvidenceLine(f"nodes/{name}/nccl.log", first.line, first.text))
+        first_file, first = events[0]
+        evidence.append(EvidenceLine(first_file, first.line, first.text))
     for name, counter, growth, line in retrans[:3]:
         evidence.append(EvidenceLine(f"nodes/{name}/ib-counters.txt", line, f"{counter} grew by {growth:,} since baseline"))
-    nodes = sorted(set(per_node) | {name for name, *_ in retrans})
+    nodes = sorted((set(per_node) - {""}) | {name for name, *_ in retrans})
     described = ", ".join(f"{count} {kind.replace('_', ' ')}" for kind, count in kinds.most_common())
     if retrans:
         described = (described + "; " if described else "") + f"IB retransmit counters grew on {len({n for n, *_ in retrans})} node(s)"
     confidence = 0.72 if len(nodes) >= 2 else 0.66
     if not per_node:
         confidence = 0.5
+    where = f"on {len(nodes)} node(s)" if nodes else "in the job's output"
     return [Finding(
         layer="communication", cause="nccl_error", confidence=confidence,
-        summary=f"communication errors in the window on {len(nodes)} node(s): {described}",
+        summary=f"communication errors in the window {where}: {described}",
         nodes=nodes, step=ctx.spike, evidence=evidence[:8],
     )]
 

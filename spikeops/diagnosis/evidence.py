@@ -27,7 +27,7 @@ import pandas as pd
 
 from spikeops.bundle import Bundle, open_bundle
 from spikeops.diagnosis.counters import IB_WATCHED, congestion_counter_high
-from spikeops.errors import InputError
+from spikeops.errors import InputError, UnrecognisedInput
 from spikeops.probes.bundle_files import (
     BatchRecord,
     Checkpoint,
@@ -40,9 +40,13 @@ from spikeops.probes.bundle_files import (
 )
 from spikeops.probes.base import clip
 from spikeops.reading import read_evidence
+from spikeops.textio import iter_lines
 
 __all__ = [
     "MetricsTable",
+    "Replay",
+    "JobOutput",
+    "read_job_output",
     "NodeFacts",
     "BundleFacts",
     "load_bundle",
@@ -73,6 +77,14 @@ class MetricsTable:
     frame: pd.DataFrame
     file: str
     gaps: list[str] = field(default_factory=list)
+    #: The fp16 scaler's own lines in a training log (DeepSpeed's ``OVERFLOW! ... reducing
+    #: to``, fairseq's ``setting loss scale to``, ``already at minimum``), in file order:
+    #: loss-scale evidence even when the log has no step lines at all.
+    overflows: list[Any] = field(default_factory=list)
+    #: Lines of the log the steps were read from (0 when unknown).
+    lines: int = 0
+    #: Steps a resumed run re-logged, with the first run's value (class 8's evidence).
+    replays: list[Replay] = field(default_factory=list)
 
     def line_of(self, step: int | None) -> int | None:
         if step is None or step not in self.frame.index:
@@ -80,13 +92,23 @@ class MetricsTable:
         return int(self.frame.at[step, "line"])
 
     def step_at_or_after(self, moment: Any) -> int | None:
-        """The first step logged at or after ``moment`` (spec: a hardware event's step)."""
-        if moment is None or "time" not in self.frame:
+        """The first step logged at or after ``moment`` (spec: a hardware event's step).
+
+        When only some lines carry a time (DeepSpeed stamps its own lines, not the trainer's),
+        the answer is the first step after the last timed step before ``moment``: an untimed
+        step after it may already be past the moment, so the earliest candidate is kept."""
+        if moment is None or "time" not in self.frame or not len(self.frame):
             return None
         times = self.frame["time"]
+        timed = times.notna().to_numpy()
+        if not timed.any():
+            return None
         stamp = pd.Timestamp(moment)
-        hits = times.index[(times >= stamp).to_numpy()]
-        return int(hits[0]) if len(hits) else None
+        before = timed & (times < stamp).to_numpy()
+        if not before.any():
+            return int(self.frame.index[0])
+        position = int(np.flatnonzero(before)[-1]) + 1
+        return int(self.frame.index[position]) if position < len(self.frame) else None
 
 
 def _later_run_wins(steps: np.ndarray) -> np.ndarray:
@@ -113,6 +135,43 @@ def _value(raw: Any) -> tuple[float, bool]:
     if math.isfinite(value):
         return value, False
     return math.nan, True
+
+
+@dataclass(frozen=True)
+class Replay:
+    """A step logged twice, before and after the run went back (a resume): the same step's
+    loss in the first run and in the replay, with the lines they came from."""
+
+    step: int
+    first: float
+    again: float
+    first_line: int
+    again_line: int
+
+
+#: Replayed steps kept for the comparison (a long overlap says no more than this).
+MAX_REPLAYS = 5000
+
+
+def _replays(columns: dict[str, Any]) -> list[Replay]:
+    """Steps a later run re-logged, paired with the first run's value (file order)."""
+    steps = np.asarray(columns["step"], dtype=np.int64)
+    if len(steps) < 2 or not (np.diff(steps) < 0).any():
+        return []
+    losses = np.asarray(columns["loss"], dtype=float)
+    lines = np.asarray(columns["line"], dtype=np.int64)
+    last: dict[int, int] = {}
+    for index, step in enumerate(steps.tolist()):
+        last[step] = index
+    pairs = []
+    for index in np.flatnonzero(~_later_run_wins(steps)).tolist():
+        again = last[int(steps[index])]
+        if again != index and math.isfinite(losses[index]) and math.isfinite(losses[again]):
+            pairs.append(Replay(int(steps[index]), float(losses[index]), float(losses[again]),
+                                int(lines[index]), int(lines[again])))
+            if len(pairs) >= MAX_REPLAYS:
+                break
+    return pairs
 
 
 def _frame_from_columns(columns: dict[str, list[Any]], times: pd.Series) -> pd.DataFrame:
@@ -233,6 +292,7 @@ def _metrics_jsonl(path: Path) -> MetricsTable:
     columns["skipped"] = (skipped.to_numpy() == True)[valid] if skipped.notna().any() else np.zeros(int(valid.sum()), dtype=bool)  # noqa: E712
     columns["line"] = lines[valid]
     times = _times(raw["time"].to_numpy()[valid].tolist())
+    replays = _replays(columns)
     frame = _frame_from_columns(columns, times)
     gaps = []
     if bad_lines:
@@ -240,7 +300,7 @@ def _metrics_jsonl(path: Path) -> MetricsTable:
     if skipped_head:
         gaps.append(f"metrics.jsonl: only the last {MAX_METRIC_LINES:,} of {total_lines:,} lines were read "
                     f"(earlier history is not needed to judge this incident)")
-    return MetricsTable(frame, path.name, gaps)
+    return MetricsTable(frame, path.name, gaps, replays=replays, lines=total_lines)
 
 
 def _metrics_from_log(path: Path, kind: str) -> MetricsTable:
@@ -263,9 +323,18 @@ def _metrics_from_log(path: Path, kind: str) -> MetricsTable:
         columns["time"].append(record.time)
         columns["line"].append(record.line)
     times = pd.to_datetime(pd.Series(columns.pop("time"), dtype=object), utc=True, errors="coerce")
+    replays = _replays(columns)
     frame = _frame_from_columns(columns, times)
+    frame["perplexity_bad"] = _perplexity_bad(records, frame)
     gaps = [f"{path.name}: {gap.line and f'line {gap.line}: ' or ''}{gap.reason}" for gap in reading.gaps[:5]]
-    return MetricsTable(frame, path.name, gaps)
+    return MetricsTable(frame, path.name, gaps, list(reading.result.overflow_events), reading.result.lines, replays)
+
+
+def _perplexity_bad(records: list[Any], frame: pd.DataFrame) -> np.ndarray:
+    """Steps whose printed perplexity is infinite (the loss behind it overflowed exp())."""
+    bad = {record.step for record in records
+           if getattr(record, "perplexity", None) is not None and not math.isfinite(record.perplexity)}
+    return np.fromiter((step in bad for step in frame.index), dtype=bool, count=len(frame))
 
 
 def load_metrics(bundle: Bundle) -> tuple[MetricsTable | None, list[str]]:
@@ -277,6 +346,10 @@ def load_metrics(bundle: Bundle) -> tuple[MetricsTable | None, list[str]]:
             continue
         try:
             table = _metrics_jsonl(path) if name == "metrics.jsonl" else _metrics_from_log(path, kind)
+        except UnrecognisedInput:
+            missing.append(f"{name}: no training step lines (no iteration/step line with a loss was recognised, "
+                           "and no loss-scale line)")
+            continue
         except (InputError, OSError) as exc:
             missing.append(f"{name}: {str(exc).split(': ', 1)[-1]}")
             continue
@@ -286,7 +359,11 @@ def load_metrics(bundle: Bundle) -> tuple[MetricsTable | None, list[str]]:
             if name.startswith("nodes/"):
                 missing.append(f"metrics.jsonl / train.log: absent; step metrics read from {name}")
             return table, missing
-        missing.append(f"{name}: no training steps in it")
+        lines = f" in its {table.lines} line(s)" if table.lines else ""
+        missing.append(f"{name}: no training step lines{lines} (no iteration/step line with a loss was recognised)")
+        if table.overflows:
+            # Only the fp16 scaler's lines: no steps, but loss-scale evidence all the same.
+            return table, missing
     if not missing:
         missing.append("metrics.jsonl / train.log: absent (no step metrics: symptom cannot be classified)")
     return None, missing
@@ -447,6 +524,61 @@ def batch_records(rows: list[Row]) -> list[BatchRecord]:
     return records
 
 
+# ------------------------------------------------------------------------------ job output
+
+#: What the job printed is read from its end: a crash, an ECC error, a watchdog timeout are
+#: the last things a failing job prints, and a weeks-long log must not cost the diagnosis.
+JOB_OUTPUT_TAIL = 16 << 20
+
+
+@dataclass
+class JobOutput:
+    """The errors one log of the job's own output holds: its NCCL / PyTorch-distributed
+    events and the hardware and scheduler errors it printed. ``node`` is the node the file
+    belongs to (``nodes/NODE/train.log``); None for the bundle's own ``train.log``."""
+
+    file: str
+    node: str | None
+    nccl: Any = None
+    errors: Any = None
+    notes: list[str] = field(default_factory=list)
+
+
+def _tail_lines(path: Path, limit: int) -> tuple[int, list[str]]:
+    """(number of the first line kept, the lines of the last ``limit`` bytes)."""
+    size = path.stat().st_size
+    with open(path, "rb") as handle:
+        start = max(0, size - limit)
+        skipped = 0
+        if start:
+            skipped = _count_newlines(handle, start)
+            handle.seek(start)
+            handle.readline()  # the partial line the cut fell in
+            skipped += 1
+        text = handle.read().decode("utf-8", errors="replace")
+    return skipped + 1, text.split("\n")
+
+
+def read_job_output(path: Path, relative: str, node: str | None) -> JobOutput:
+    """NCCL and hardware errors in a log of the job's output (its last JOB_OUTPUT_TAIL bytes)."""
+    from spikeops.probes import job_errors, nccl_log
+
+    output = JobOutput(relative, node)
+    try:
+        first, lines = _tail_lines(path, JOB_OUTPUT_TAIL)
+    except OSError as exc:
+        output.notes.append(f"{relative}: unreadable ({exc.strerror})")
+        return output
+    if first > 1:
+        output.notes.append(f"{relative}: errors looked for in its last {JOB_OUTPUT_TAIL >> 20} MiB only")
+    output.nccl = nccl_log.parse(lines)
+    output.errors = job_errors.parse(lines)
+    if first > 1:  # the parsers numbered the tail from 1: back to the file's own numbers
+        for event in [*output.nccl.events, *output.errors.events]:
+            event.line += first - 1
+    return output
+
+
 # ------------------------------------------------------------------------------ node facts
 
 
@@ -473,6 +605,9 @@ class NodeFacts:
     nccl_version: Any = None
     #: Probe files that have a baseline capture (parsed only when it could matter).
     baselines: set[str] = field(default_factory=set)
+    #: The job's own output on this node (``train.log``), and the hardware errors its
+    #: ``nccl.log`` lines carry (a watchdog that died of an ECC error).
+    output: list[JobOutput] = field(default_factory=list)
 
     def file(self, name: str, *, baseline: bool = False) -> str:
         return f"nodes/{self.name}/{'baseline/' if baseline else ''}{name}"
@@ -570,6 +705,22 @@ def load_node(bundle_path: str, node: str) -> NodeFacts:
             if base is not None:
                 facts.smi_base, facts.smi_base_file = base[1], name
         break
+    train = folder / "train.log"
+    if train.is_file():
+        output = read_job_output(train, facts.file("train.log"), node)
+        facts.output.append(output)
+        facts.notes.extend(output.notes)
+    nccl = folder / "nccl.log"
+    if nccl.is_file() and facts.nccl is not None:
+        from spikeops.probes import job_errors
+
+        try:
+            errors = job_errors.parse(iter_lines(nccl))
+        except (OSError, InputError) as exc:
+            facts.notes.append(f"{facts.file('nccl.log')}: errors not read ({exc})")
+        else:
+            if errors.events:
+                facts.output.append(JobOutput(facts.file("nccl.log"), node, None, errors))
     for path in sorted(folder.glob("ethtool-*.txt")):
         got = _read(folder, path.name, "ethtool", facts)
         if got is None:
@@ -608,6 +759,8 @@ class BundleFacts:
     nodes: list[NodeFacts]
     checkpoints: list[Checkpoint] | None
     missing: list[str]
+    #: What the job printed, read for errors: the bundle's ``train.log`` and the nodes' logs.
+    output: list[JobOutput] = field(default_factory=list)
 
     @property
     def path(self) -> Path:
@@ -644,4 +797,10 @@ def load_bundle(path: str | Path, *, workers: int | None = None) -> BundleFacts:
         missing.extend(f"checkpoints.json: {gap.reason}" for gap in parsed.gaps)
     else:
         missing.append("checkpoints.json: absent (no checkpoint to resume from is known)")
-    return BundleFacts(bundle, bundle.incident, metrics, nodes, checkpoints, missing)
+    output: list[JobOutput] = []
+    train = bundle.path / "train.log"
+    if train.is_file():
+        output.append(read_job_output(train, "train.log", None))
+        missing.extend(output[-1].notes)
+    output.extend(item for facts in nodes for item in facts.output)
+    return BundleFacts(bundle, bundle.incident, metrics, nodes, checkpoints, missing, output)

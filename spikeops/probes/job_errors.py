@@ -69,6 +69,11 @@ class JobErrors:
     events: list[JobError] = field(default_factory=list)
     lines: int = 0
     gaps: list[Gap] = field(default_factory=list)
+    #: Python exceptions the job raised (``RuntimeError: ...``), counted; the last one kept:
+    #: not hardware evidence, but what a person reading the log wants to know first.
+    exceptions: int = 0
+    last_exception: str | None = None
+    last_exception_line: int | None = None
 
     def of(self, kind: str) -> list[JobError]:
         return [event for event in self.events if event.kind == kind]
@@ -97,6 +102,7 @@ _DEVICE = re.compile(
     r"\b(?:CUDA )?device(?: ordinal)?[ :=#]+(\d{1,3})\b|\bcuda:(\d{1,3})\b|\bGPU (\d{1,3})\b(?![:.])|\bcudaDev (\d{1,3})\b",
     re.I,
 )
+_EXCEPTION = re.compile(r"^(?:[\w.]+\.)?(?:[A-Z]\w*(?:Error|Exception)|KeyboardInterrupt|SystemExit)(?::\s|$)")
 _PCI_ANY = re.compile(rf"(?<![0-9A-Za-z]){_PCI}(?![0-9A-Za-z])")
 _NCCL_HOST = re.compile(r"^(?P<host>[A-Za-z][\w.-]{0,254}):\d{1,10}:\d{1,10}\s+\[(?P<dev>-?\d{1,6})\]")
 _ON_HOST = re.compile(r"\b(?:on (?:host|node)|hostname[ =:]+|host[ =:]+)\s*(?P<host>[A-Za-z][\w.-]{0,254})", re.I)
@@ -162,6 +168,10 @@ def parse(source: LineSource) -> JobErrors:
         result.lines = number
         if not raw or len(raw) > _MAX_LINE:
             continue
+        if ("Error" in raw or "Exception" in raw) and _EXCEPTION.match(strip_launcher(raw)[0].strip()):
+            result.exceptions += 1
+            if result.last_exception is None or ": " in raw or ": " not in result.last_exception:
+                result.last_exception, result.last_exception_line = clip(raw, 300), number
         # Cheap gate: every rule's text holds one of these (most lines hold none).
         lowered = raw.lower()
         if not any(key in lowered for key in ("ecc", "xid", "bus", "lost", "reset", "device", "async event",
@@ -186,15 +196,22 @@ def parse(source: LineSource) -> JobErrors:
 
 
 def detect(sample: str) -> float:
-    """A job's error output: confident when it holds hardware error lines and nothing else
-    claims it better (a training log with steps, an NCCL log, a kernel log score higher)."""
-    hits = 0
+    """A job's error output. Above a short NCCL excerpt (0.8) when it holds a GPU or node
+    error (the hardware error is the news); below a real NCCL log, training log or kernel log
+    (0.95); a bare traceback, which nothing else reads, weakly (so ``spikeops parse`` still
+    says what it holds)."""
+    hits: set[str] = set()
+    traceback = False
     for line in sample.splitlines()[:4000]:
-        if _classify(line) is not None:
-            hits += 1
-    if not hits:
-        return 0.0
-    return 0.6
+        found = _classify(line)
+        if found is not None:
+            hits.add(found[0])
+        traceback = traceback or "Traceback (most recent call last)" in line or bool(_EXCEPTION.match(line.strip()))
+    if hits & {"ecc_uncorrectable", "xid", "gpu_lost", "node_failure"}:
+        return 0.9
+    if hits:
+        return 0.6
+    return 0.3 if traceback else 0.0
 
 
 def summarize(result: JobErrors) -> list[str]:
@@ -214,6 +231,9 @@ def summarize(result: JobErrors) -> list[str]:
                 where.append(f"{name.replace('_', ' ')} {value}")
         out.append(f"  {kind}: {len(events)} (first at line {first.line}"
                    + (f"; {', '.join(where)}" if where else "; names no host, rank or device") + ")")
+    if result.exceptions:
+        out.append(f"  {result.exceptions} Python exception line(s); last at line {result.last_exception_line}: "
+                   f"{result.last_exception}")
     if result.gaps:
         out.append(f"  {len(result.gaps)} gap(s), first: {result.gaps[0].reason}")
     return out

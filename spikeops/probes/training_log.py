@@ -331,6 +331,9 @@ _TUPLE_STEP = re.compile(r"(?<![\w.])\(\s*\d{1,9}\s*,\s*(?P<step>\d{1,18})\s*\)"
 #: A table row that starts with the step (``1220 | loss 3.2969 | lr 2.64e-04 | 13880ms``,
 #: Keras' ``  12/102 [====>....] - loss: 0.62``).
 _LEADING_STEP = re.compile(r"^\s*(?P<step>\d{1,12})(?:\s*\||/\d{1,12}\s+\[)")
+#: A bare two-column table of step and loss (``76930 2.6496577``, ``76980 nan``): the whole
+#: line is the two numbers, the first a whole one.
+_BARE_PAIR = re.compile(rf"^\s*(?P<step>\d{{1,12}})\s+(?P<v>{_NUM})\s*$", re.I)
 #: mmengine (MMDetection, XTuner...): ``Epoch(train) [1][200/735]`` or ``Iter(train) [200/40000]``.
 _MMENGINE_STEP = re.compile(r"\b(?:Epoch\((?:train)\)\s*\[(?P<epoch>\d{1,9})\]\[\s*(?P<i>\d{1,12})/(?P<n>\d{1,12})\]"
                             r"|Iter\((?:train)\)\s*\[\s*(?P<iter>\d{1,12})/\d{1,12}\])")
@@ -1121,6 +1124,9 @@ def _dispatch(builder: _Builder, number: int, line: str) -> None:
         builder.gap("elided lines in the log ('...'): steps between may be missing", number)
         return
     record = _read_generic(number, line, builder.epoch)
+    if record is None and (match := _BARE_PAIR.match(_strip_launcher(line))) is not None:
+        record = StepRecord(step=int(match["step"]), loss=_float(match["v"]), line=number, text=clip(line),
+                            source="table")
     if record is None and bar_step is None and _NAN_MESSAGE.search(line):
         record = _read_nan_message(builder, number, line)
     if record is not None:
@@ -1335,6 +1341,10 @@ def _line_shape(line: str) -> str | None:
         return "json" if line.lstrip().startswith('{"') and '"step"' in line else "dict"
     if _read_generic(0, line) is not None:
         return "generic"
+    if _BARE_PAIR.match(_strip_launcher(line)):
+        return "table"
+    if ("scale" in line and _SCALE_CHANGE.search(line)) or ("verflow" in line and _FAIRSEQ_OVERFLOW.search(line)):
+        return "overflow"
     return None
 
 
@@ -1352,6 +1362,8 @@ def detect(sample: str) -> float:
     if shapes.get("deepspeed") or shapes.get("dict"):
         return 0.85
     generic = shapes.get("generic", 0)
+    if shapes.get("table", 0) >= 3 and shapes.get("table", 0) >= 0.3 * len(_sample_lines(sample)):
+        return 0.6  # a bare "step loss" table: nothing else claims two-number lines
     if generic >= 5:
         return 0.85
     if generic >= 3:
@@ -1426,10 +1438,19 @@ def summarize(log: TrainingLog) -> list[str]:
     steps = latest_per_step(log.records)
     if not steps:
         out = [f"{log.format}: {log.lines} lines, no training steps found"]
+        if log.overflow_events:
+            scales = [e.reduced_to for e in log.overflow_events if e.reduced_to is not None]
+            out.append(f"{len(log.overflow_events)} loss-scale line(s) (overflows)"
+                       + (f": scale {_fmt(scales[0])} -> {_fmt(scales[-1])}" if scales else "")
+                       + ("; the scaler reached its minimum" if any(e.minimum for e in log.overflow_events) else ""))
         out += [f"  gap: {gap.reason}" for gap in log.gaps[:3]]
         return out
     ordinal = " (ordinal: the log prints no step numbers)" if log.step_is_ordinal else ""
     out = [f"{log.format}: {len(steps)} steps {steps[0].step}..{steps[-1].step}{ordinal} from {log.lines} lines"]
+    read = [name for name in ("loss", "lr", "grad_norm", "loss_scale", "throughput", "tokens", "time", "perplexity")
+            if any(getattr(r, name) is not None for r in steps)]
+    unread = [name for name in ("loss", "lr", "grad_norm", "loss_scale") if name not in read]
+    out.append(f"fields read: {', '.join(read) or 'none'}" + (f"; not in the log: {', '.join(unread)}" if unread else ""))
     with_loss = [r for r in steps if r.loss is not None]
     finite = [r for r in with_loss if math.isfinite(r.loss or 0.0)]
     if with_loss:
