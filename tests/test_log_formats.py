@@ -274,3 +274,26 @@ def test_a_slurm_out_whose_first_iteration_is_past_the_first_64_kib_is_a_trainin
     reading = read_evidence(path)
     assert reading.kind.name == "training-log" and reading.detected
     assert [r.step for r in reading.result.records][:2] == [10, 20]
+
+
+def test_steps_counted_within_their_epoch_become_a_global_count():
+    # As the PyTorch tutorials, timm and the MNIST example print them.
+    text = ("Epoch [1/5], Step [100/600], Loss: 0.2345\n"
+            "Epoch [1/5], Step [200/600], Loss: 0.2000\n"
+            "Epoch [2/5], Step [100/600], Loss: 0.1500\n"
+            "Train Epoch: 3 [2560/60000 (4%)]\tLoss: 0.327\n"
+            "Epoch: [4]  [ 100/1251]  eta: 0:10:00  lr: 0.000100  loss: 6.9123 (6.9500)  time: 0.3\n")
+    log = tl.parse(text)
+    assert [(r.step, r.loss) for r in log.records] == [
+        (100, 0.2345), (200, 0.2), (700, 0.15), (122560, 0.327), (3853, 6.9123)]
+    assert [(r.from_step, r.to_step) for r in log.restarts] == [(122560, 3853)]
+
+
+def test_health_checks_and_misconfigurations_are_not_hardware_errors():
+    text = ("Volatile uncorrectable ECC errors: 0\n"
+            "DCGM health: uncorrectable ECC errors detected 0\n"
+            "RuntimeError: No CUDA GPUs are available\n"
+            "eth0: link is down\n"
+            "the optimizer state needs to be reset after loading\n")
+    assert job_errors.parse(text).events == []
+    assert nccl_log.parse("eth0: link is down\n").events == []

@@ -353,3 +353,8 @@ def test_healthy_runs_logged_sparsely_and_cut_into_excerpts_never_fire(seed, eve
     assert result.symptom in ("none", "unknown"), (result, seed, every, start, points)
     if len(data) >= 3:
         assert result.symptom == "none"
+
+
+def test_a_fine_tune_whose_tiny_loss_rounds_to_zero_is_not_broken():
+    result = classify(frame([0.05, 0.012, 0.003, 0.0007, 0.0, 0.0, 0.0]))
+    assert result.symptom == "none"

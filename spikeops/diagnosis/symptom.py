@@ -284,9 +284,11 @@ def _zero_loss(frame: pd.DataFrame, focus: np.ndarray) -> int | None:
         return None
     position = int(np.argmax(zero))
     before = loss[:position]
+    before = before[~np.isnan(before)]
     after = loss[position:]
     after = after[~np.isnan(after)]
-    if not (np.nan_to_num(before, nan=0.0) != 0).any() or len(after) < 2 or (after != 0.0).any():
+    # A jump to zero from a real loss, not a fine-tune whose tiny loss rounds to 0.0 at last.
+    if not len(before) or before[-1] < 0.01 or len(after) < 2 or (after != 0.0).any():
         return None
     return position
 
@@ -357,7 +359,10 @@ def _anomalies(frame: pd.DataFrame) -> tuple[pd.Series, pd.Series, pd.Series, pd
     scale = scale.where(np.isfinite(scale), (base.abs() * 1e-2).clip(lower=1e-12))
     relative = (loss - base) / base.abs()
     by_z = (z > Z_SPIKE) & (relative > REL_SPIKE) & level.notna()
-    by_ratio = (history >= 1) & (history < SHORT_HISTORY) & (base > 0) & (loss >= RATIO_SHORT * base)
+    # From two points of history there is a first noise estimate: the jump must also clear it
+    # (a noisy fine-tuning loss swings by half between log lines).
+    noisy = (history >= 2) & ((loss - base) <= 3 * scale)
+    by_ratio = (history >= 1) & (history < SHORT_HISTORY) & (base > 0) & (loss >= RATIO_SHORT * base) & ~noisy
     by_climb = pd.Series(_climbs(loss.dropna()), index=loss.dropna().index).reindex(loss.index, fill_value=False)
     absurd = loss >= ABSURD_LOSS
     if "perplexity_bad" in frame:

@@ -352,7 +352,7 @@ _RULES: tuple[tuple[str, re.Pattern[str], bool], ...] = (
         "ib_port_error",
         re.compile(
             r"Got async event\s*:\s*(?:port error|link (?:down|error)|port (?:down|inactive))"
-            r"|\bIBV_EVENT_(?:PORT_ERR|LINK_DOWN)\b|\blink (?:is )?down\b"
+            r"|\bIBV_EVENT_(?:PORT_ERR|LINK_DOWN)\b"
         ),
         False,
     ),

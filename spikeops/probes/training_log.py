@@ -337,6 +337,16 @@ _BARE_PAIR = re.compile(rf"^\s*(?P<step>\d{{1,12}})\s+(?P<v>{_NUM})\s*$", re.I)
 #: mmengine (MMDetection, XTuner...): ``Epoch(train) [1][200/735]`` or ``Iter(train) [200/40000]``.
 _MMENGINE_STEP = re.compile(r"\b(?:Epoch\((?:train)\)\s*\[(?P<epoch>\d{1,9})\]\[\s*(?P<i>\d{1,12})/(?P<n>\d{1,12})\]"
                             r"|Iter\((?:train)\)\s*\[\s*(?P<iter>\d{1,12})/\d{1,12}\])")
+#: A step counted within its epoch (``Epoch [2/10], Step [100/600], Loss: ...``, timm's
+#: ``Epoch: [3]  [ 100/1251]``, PyTorch's MNIST ``Train Epoch: 1 [2560/60000 (4%)]``): read as
+#: a global count, so the next epoch is not a restart.
+_EPOCH_STEP = re.compile(
+    r"\bEpoch\b[:\s]*\[?\s*(?P<epoch>\d{1,9})(?:\s*/\s*\d{1,9})?\s*\]?[,\s|:-]*"
+    r"(?:(?:Step|Iter(?:ation)?|Batch)\b[:\s]*)?\[\s*(?P<i>\d{1,12})\s*/\s*(?P<n>\d{1,12})"
+    r"|\bEpoch\b[:\s]*\[?\s*(?P<epoch2>\d{1,9})(?:\s*/\s*\d{1,9})?\s*\]?[,\s|:-]*"
+    r"(?:Step|Iter(?:ation)?|Batch)\b[:\s]*(?P<i2>\d{1,12})\s*/\s*(?P<n2>\d{1,12})",
+    re.I,
+)
 #: Keras prints ``Epoch 65/1000`` on its own line and the epoch's loss on the bar after it.
 _EPOCH_HEADER = re.compile(r"^\s*Epoch\s+(?P<epoch>\d{1,9})/\d{1,9}\s*$")
 #: tqdm's bar (``380/2724 [14:02:33<86:01:24, 132.12s/it]``): steps completed so far.
@@ -910,6 +920,12 @@ def _pick_step(line: str, loss_at: int, epoch: int | None = None) -> tuple[int, 
             return int(mm["iter"]), mm.start()
         return (int(mm["epoch"]) - 1) * int(mm["n"]) + int(mm["i"]), mm.start()
     keyed = list(_GEN_STEP.finditer(line))
+    if not any(m["key"].lower().replace(" ", "_") in ("global_step", "globalstep", "num_updates") for m in keyed):
+        within = _EPOCH_STEP.search(line)
+        if within is not None:
+            epoch = int(within["epoch"] or within["epoch2"])
+            index, size = int(within["i"] or within["i2"]), int(within["n"] or within["n2"])
+            return max(epoch - 1, 0) * size + index, within.start()
     for match in keyed:
         if match["key"].lower().replace(" ", "_") in ("global_step", "globalstep", "num_updates"):
             return int(match["step"]), match.start()
