@@ -42,7 +42,6 @@ from spikeops.probes.bundle_files import (
 )
 from spikeops.probes.base import clip
 from spikeops.reading import read_evidence
-from spikeops.textio import iter_lines
 
 __all__ = [
     "MetricsTable",
@@ -599,8 +598,9 @@ def _gated(text: str) -> tuple[list[int], list[str]]:
     return indexes, lines
 
 
-def read_job_output(path: Path, relative: str, node: str | None) -> JobOutput:
-    """NCCL and hardware errors in a log of the job's output (its last JOB_OUTPUT_TAIL bytes)."""
+def read_job_output(path: Path, relative: str, node: str | None, *, nccl: bool = True) -> JobOutput:
+    """NCCL and hardware errors in a log of the job's output (its last JOB_OUTPUT_TAIL bytes);
+    ``nccl=False`` for a file the NCCL reader already read whole (a node's nccl.log)."""
     from spikeops.probes import job_errors, nccl_log
 
     output = JobOutput(relative, node)
@@ -612,10 +612,10 @@ def read_job_output(path: Path, relative: str, node: str | None) -> JobOutput:
     if first > 1:
         output.notes.append(f"{relative}: errors looked for in its last {JOB_OUTPUT_TAIL >> 20} MiB only")
     indexes, lines = _gated(text)
-    output.nccl = nccl_log.parse(lines)
+    output.nccl = nccl_log.parse(lines) if nccl else None
     output.errors = job_errors.parse(lines)
     # The readers numbered the lines they were given: back to the file's own numbers.
-    for event in [*output.nccl.events, *output.errors.events]:
+    for event in [*(output.nccl.events if output.nccl else []), *output.errors.events]:
         event.line = first + indexes[event.line - 1]
     if output.errors.last_exception_line is not None:
         output.errors.last_exception_line = first + indexes[output.errors.last_exception_line - 1]
@@ -755,15 +755,9 @@ def load_node(bundle_path: str, node: str) -> NodeFacts:
         facts.notes.extend(output.notes)
     nccl = folder / "nccl.log"
     if nccl.is_file() and facts.nccl is not None:
-        from spikeops.probes import job_errors
-
-        try:
-            errors = job_errors.parse(iter_lines(nccl))
-        except (OSError, InputError) as exc:
-            facts.notes.append(f"{facts.file('nccl.log')}: errors not read ({exc})")
-        else:
-            if errors.events:
-                facts.output.append(JobOutput(facts.file("nccl.log"), node, None, errors))
+        output = read_job_output(nccl, facts.file("nccl.log"), node, nccl=False)
+        if output.errors is not None and output.errors.events:
+            facts.output.append(output)
     for path in sorted(folder.glob("ethtool-*.txt")):
         got = _read(folder, path.name, "ethtool", facts)
         if got is None:
