@@ -358,3 +358,12 @@ def test_healthy_runs_logged_sparsely_and_cut_into_excerpts_never_fire(seed, eve
 def test_a_fine_tune_whose_tiny_loss_rounds_to_zero_is_not_broken():
     result = classify(frame([0.05, 0.012, 0.003, 0.0007, 0.0, 0.0, 0.0]))
     assert result.symptom == "none"
+
+
+def test_an_echoed_xid_with_its_gpu_address_ties_the_node_of_a_one_node_job(tmp_path):
+    text = "[rank3]: NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, GPU has fallen off the bus.\n"
+    got = bundle_with_log(tmp_path, text, nodes=["gpu-007"])
+    assert got["primary"]["cause"] == "gpu_xid" and got["culprit_nodes"] == ["gpu-007"]
+    many = bundle_with_log(tmp_path / "two", "NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus.\n",
+                           nodes=["gpu-007", "gpu-008"])
+    assert many["primary"]["cause"] == "gpu_xid" and many["culprit_nodes"] == []

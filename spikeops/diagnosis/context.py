@@ -90,10 +90,10 @@ class Context:
         return short if short in known else None
 
     def output_node(self, output: JobOutput, *, host: str | None = None, rank: int | None = None,
-                    device: int | None = None, local_rank: int | None = None) -> str | None:
+                    device: int | None = None, local_rank: int | None = None, pci: str | None = None) -> str | None:
         """The node an error line of the job's output is about, when the line (or its file)
         says: a host it names, the node whose log it is, a global rank through the job's rank
-        map; a device or local rank only tells the node in a one-node job. None otherwise:
+        map; a device, local rank or PCI address only tells the node in a one-node job. None otherwise:
         an error that names no node convicts none."""
         named = self.node_named(host)
         if named is not None:
@@ -102,7 +102,7 @@ class Context:
             return output.node
         if rank is not None:
             return self.node_of_rank(rank)
-        if (device is not None or local_rank is not None) and len(self.job.nodes) == 1:
+        if (device is not None or local_rank is not None or pci is not None) and len(self.job.nodes) == 1:
             return self.job.nodes[0]
         return None
 

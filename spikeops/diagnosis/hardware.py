@@ -471,7 +471,8 @@ def _printed(ctx: Context, kinds: tuple[str, ...]) -> dict[str | None, list[tupl
             local_rank = getattr(event, "local_rank", None)
             if local_rank is None and hasattr(event, "details"):
                 local_rank = event.details.get("local_rank")
-            node = ctx.output_node(output, host=event.host, rank=event.rank, device=device, local_rank=local_rank)
+            node = ctx.output_node(output, host=event.host, rank=event.rank, device=device, local_rank=local_rank,
+                                   pci=getattr(event, "pci", None))
             grouped.setdefault(node, []).append((output, event))
     for node in ctx.reachable:
         if node.nccl is not None and "ib_port_error" in kinds:
