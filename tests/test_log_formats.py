@@ -297,3 +297,9 @@ def test_health_checks_and_misconfigurations_are_not_hardware_errors():
             "the optimizer state needs to be reset after loading\n")
     assert job_errors.parse(text).events == []
     assert nccl_log.parse("eth0: link is down\n").events == []
+
+
+def test_keras_epoch_bar_with_a_validation_loss_is_still_the_epochs_training_loss():
+    text = ("Epoch 3/10\n10954/10954 [==============================] - 659s - loss: 0.0475 - val_loss: 0.0512\n"
+            "Epoch 4/10\n10954/10954 [==============================] - 659s - loss: 0.0471 - val_loss: 0.0510\n")
+    assert [(r.step, r.loss) for r in tl.parse(text).records] == [(3, 0.0475), (4, 0.0471)]

@@ -367,3 +367,12 @@ def test_an_echoed_xid_with_its_gpu_address_ties_the_node_of_a_one_node_job(tmp_
     many = bundle_with_log(tmp_path / "two", "NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus.\n",
                            nodes=["gpu-007", "gpu-008"])
     assert many["primary"]["cause"] == "gpu_xid" and many["culprit_nodes"] == []
+
+
+def test_the_scaler_at_its_minimum_is_a_collapse_even_alone(tmp_path):
+    # DeepSpeed's exception as issue threads quote it (LlamaFactory #251, DeepSpeedExamples #418).
+    text = ("Exception: Current loss scale already at minimum - cannot decrease scale anymore. Exiting run.\n"
+            "  4%|▍         | 17/387 [05:25<1:57:56, 19.13s/it]\n")
+    got = bundle_with_log(tmp_path, text)
+    assert got["symptom"] == "unknown"
+    assert got["primary"] == {"layer": "numeric", "cause": "loss_scale_collapse", "confidence": 0.8}

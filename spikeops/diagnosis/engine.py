@@ -12,6 +12,12 @@ Weighing encodes the framework's judgments, not a tuning of scores:
 
 Only findings that convict, with confidence >= 0.5, put nodes in ``culprit_nodes``;
 thermal throttling convicts only when it is itself the primary cause.
+
+Unread is not healthy: ``false_alarm`` needs step metrics that were read and show nothing;
+when none could be judged (symptom ``unknown``) and no rule holds on what was read, the
+primary is ``inconclusive`` (confidence 0.2, no culprit, no resume) and the actions say what to
+collect. Findings about a node that say nothing of the cause (layer hardware, cause
+``inconclusive``) are never the primary.
 """
 
 from __future__ import annotations

@@ -327,7 +327,8 @@ def _metrics_from_log(path: Path, kind: str) -> MetricsTable:
     replays = _replays(columns)
     frame = _frame_from_columns(columns, times)
     frame["perplexity_bad"] = _perplexity_bad(records, frame)
-    gaps = [f"{path.name}: {gap.line and f'line {gap.line}: ' or ''}{gap.reason}" for gap in reading.gaps[:5]]
+    gaps = [f"{path.name}: {gap.line and f'line {gap.line}: ' or ''}{gap.reason}" for gap in reading.gaps[:5]
+            if gap.reason != "no training step lines found"]  # said once, with the line count, by load_metrics
     return MetricsTable(frame, path.name, gaps, list(reading.result.overflow_events), reading.result.lines, replays)
 
 

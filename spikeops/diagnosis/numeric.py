@@ -179,6 +179,18 @@ def _collapse_from_lines(ctx: Context) -> list[Finding]:
     overflows continuing, or below 1) it is a collapse however short the fall."""
     events = list(getattr(ctx.metrics, "overflows", []) or [])
     chain = _scale_chain(events)
+    minimum = [event for event in events if event.minimum]
+    if len(chain) < 2 and minimum:
+        # The scaler's own word that it hit its floor (DeepSpeed exits on it): the collapse,
+        # even when no overflow line before it made it into the log.
+        last = minimum[-1]
+        return [Finding(
+            layer="numeric", cause="loss_scale_collapse", confidence=0.8,
+            summary="the fp16 loss scaler reached its minimum and cannot decrease any more: repeated overflows "
+                    "collapsed the loss scale",
+            step=getattr(last, "step", None), evidence=[EvidenceLine(ctx.metrics.file, last.line, last.text)],
+            onset_step=getattr(last, "step", None),
+        )]
     if len(chain) < 2:
         return []
     values = [value for value, _ in chain]
@@ -207,7 +219,6 @@ def _collapse_from_lines(ctx: Context) -> list[Finding]:
     file = ctx.metrics.file
     cited = (falls or [chain[low_index][1]])
     evidence = [EvidenceLine(file, event.line, event.text) for event in (cited[:2] + cited[-1:] if len(cited) > 3 else cited)]
-    minimum = [event for _, event in chain if event.minimum]
     if minimum:
         evidence.append(EvidenceLine(file, minimum[-1].line, minimum[-1].text))
     step = getattr(cited[0], "step", None)

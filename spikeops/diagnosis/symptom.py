@@ -3,22 +3,28 @@
 The question is the seed's first one: which kind of divergence is this? The answer decides
 the protective move (stop at once for NaN, observe for a single spike), so it must not be
 fooled by what healthy training looks like: noise, warmup, a decaying loss, an LR step, an
-fp16 loss scale that breathes. Hence:
+fp16 loss scale that breathes. And real runs log every 10-100 steps, and what reaches us is
+often an excerpt of a few lines. Hence:
 
 - the running level is a trailing rolling **median** (a spike does not drag it up), and the
   noise scale comes from the median absolute *first difference*, which a trend or a slow
   decay does not inflate (unlike a MAD around a moving level);
-- a step is anomalous only when it is far above the level in noise units (z > 6) **and** by
-  a material fraction of the level (> 10 %), after at least five steps of history;
+- a logged point is anomalous when it is far above the level in noise units (z > 6) **and**
+  by a material fraction of it (> 10 %); while the history is short (an excerpt), when it is
+  1.5x the level; inside a climb (three rises, 50 % in all); or absurd whatever the history
+  (a loss of 1e4, an infinite perplexity);
 - only steps in the incident window can be the spike (a long run has old, recovered
   wobbles); precursors may start before it;
-- recovery compares the last steps after the spike with the pre-spike level;
+- the spike is the **peak of the excursion** that begins at the first anomalous point;
+  recovery compares the last points after the peak with the level before the excursion;
 - a creeping increase is a sustained rise of the rolling median above its minimum, gradual
-  (no anomalous step) and monotone enough (rank correlation with the step).
+  (no anomalous step) and monotone enough (rank correlation with the step);
+- fewer than three logged loss values with nothing anomalous among them is ``unknown``:
+  unread is not healthy.
 
-The onset is where the trouble first touched the run: the earliest step of an unbroken run
-of precursors leading into the spike (grad norm elevated, loss elevated, loss scale falling
-or steps skipped), else the spike itself.
+The onset is where the trouble first touched the run: the first step of the excursion, or the
+earliest step of an unbroken run of precursors leading into the peak (the grad norm departing
+from the run's own trend, the loss elevated, the loss scale falling or steps skipped).
 """
 
 from __future__ import annotations

@@ -38,6 +38,7 @@ from datetime import datetime
 from typing import Any
 
 from spikeops.probes.base import MAX_EVENTS, Gap, Kind, LineSource, clip, numbered_lines, register
+from spikeops.probes import kernel_log
 from spikeops.probes.kernel_log import normalize_pci
 from spikeops.probes.nccl_log import strip_launcher
 
@@ -208,6 +209,8 @@ def detect(sample: str) -> float:
         if found is not None:
             hits.add(found[0])
         traceback = traceback or "Traceback (most recent call last)" in line or bool(_EXCEPTION.match(line.strip()))
+    if hits and kernel_log.detect(sample) >= 0.5:
+        return 0.3  # the driver's own lines in a kernel log: the kernel-log reader's
     if hits & {"ecc_uncorrectable", "xid", "gpu_lost", "node_failure"}:
         return 0.9
     if hits:

@@ -894,15 +894,21 @@ def _loss_rank(key: str) -> int | None:
     return 5
 
 
+#: Keras' end-of-epoch bar (``10954/10954 [=====] - 659s - loss: 0.05 - val_loss: 0.06``):
+#: a training line even when it also reports the validation loss.
+_KERAS_BAR = re.compile(r"^\s*\d{1,12}/\d{1,12}\s+\[[=>.]*\]")
+
+
 def _pick_loss(line: str) -> re.Match[str] | None:
     """The training loss of a line; None on an evaluation report, which is any line carrying
     an evaluation's loss (nanoGPT's ``step 400: train loss 2.30, val loss 2.40`` estimates
-    both on held-out batches: it is not a training step)."""
+    both on held-out batches: it is not a training step), except Keras' epoch bar."""
     best: tuple[int, re.Match[str]] | None = None
+    keras = bool(_KERAS_BAR.match(line))
     for match in _LOSS_ANY.finditer(line):
         rank = _loss_rank(match["key"])
         if rank is None:
-            if "scale" not in match["key"].lower():
+            if "scale" not in match["key"].lower() and not keras:
                 return None
             continue
         if best is None or rank < best[0]:
