@@ -376,3 +376,11 @@ def test_the_scaler_at_its_minimum_is_a_collapse_even_alone(tmp_path):
     got = bundle_with_log(tmp_path, text)
     assert got["symptom"] == "unknown"
     assert got["primary"] == {"layer": "numeric", "cause": "loss_scale_collapse", "confidence": 0.8}
+
+
+def test_a_hardware_error_that_names_no_node_stops_the_job_and_asks_for_the_nodes_evidence(tmp_path):
+    got = case("jade-node-uncorrectable-ecc", tmp_path)
+    kinds = [action["kind"] for action in got["actions"]]
+    assert kinds[0] == "stop_job" and "observe" not in kinds and "isolate_nodes" not in kinds
+    collect = next(action for action in got["actions"] if action["kind"] == "collect_evidence")
+    assert "nvidia-smi -q" in collect["what"][0]
