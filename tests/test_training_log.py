@@ -79,9 +79,8 @@ def test_iteration_without_lm_loss_is_kept_and_read_as_non_finite():
     assert missing.grad_norm == pytest.approx(20609.78)
     assert missing.loss_missing is True and missing.nan is True and missing.skipped is False
     assert missing.line == 3
-    # the bare 'time (ms)' lines are not evidence of anything; the reading is said once
-    assert [(gap.line, gap.reason.split(":")[0]) for gap in log.gaps] == [
-        (3, "no loss printed on 1 iteration line(s) without skipped iterations")]
+    assert log.gaps == []  # read (as a NaN), not unread; the bare 'time (ms)' lines are nothing
+    assert any(line.startswith("NO LOSS PRINTED at step(s) 9027") for line in tl.summarize(log))
 
 
 def test_grad_norm_and_loss_spike_lines_with_and_without_leading_space():

@@ -575,9 +575,7 @@ class _Builder:
         if not missing:
             return
         prints_loss = any(r.source == "megatron" and r.loss is not None for r in self.records)
-        if prints_loss:
-            self.gap(f"no loss printed on {len(missing)} iteration line(s) without skipped iterations: "
-                     "Megatron leaves the loss out when its average is NaN; read as non-finite", missing[0].line)
+        if prints_loss:  # read, not a gap: the summary says it
             for record in missing:
                 record.nan = True
             return
@@ -1483,7 +1481,11 @@ def summarize(log: TrainingLog) -> list[str]:
             high = max(finite, key=lambda r: r.loss or 0.0)
             line += f"; min {_fmt(low.loss)} (step {low.step}), max {_fmt(high.loss)} (step {high.step})"
         out.append(line)
-    missing = [r.step for r in steps if r.loss is None]
+    vanished = [r.step for r in steps if r.loss_missing]
+    missing = [r.step for r in steps if r.loss is None and not r.loss_missing]
+    if vanished:
+        out.append(f"NO LOSS PRINTED at step(s) {_list_steps(vanished)} while the other lines print one: "
+                   "Megatron leaves out a NaN average, read as non-finite")
     if missing:
         out.append(f"no loss logged at step(s) {_list_steps(missing)}")
     nonfinite = [r.step for r in steps if r.nan]
