@@ -16,7 +16,7 @@ from typing import Any
 
 from spikeops.errors import InputError, UnrecognisedInput
 from spikeops.probes import Gap, Kind, detect_kind, get_kind, kind_names, registry
-from spikeops.textio import ReadReport, iter_lines, read_text, sniff
+from spikeops.textio import ReadReport, iter_lines, open_binary, read_text, sniff
 
 __all__ = ["Reading", "read_evidence", "is_empty"]
 
@@ -77,6 +77,56 @@ def _read_directory(path: Path, kind_name: str | None) -> Reading:
     raise UnrecognisedInput(f"{path}: a directory spikeops does not read (not a captured sysfs tree or bundle)")
 
 
+#: Windows of the file read beyond its head when detection needs them (64 KiB each).
+FURTHER_WINDOWS = 8
+#: Kinds whose lines a job's training log carries too: when step lines show up later in the
+#: file (a Slurm .out that opens with 64 KiB of NCCL init and tracebacks), it is the log.
+_EMBEDDED_IN_TRAINING_LOG = frozenset({"nccl-log", "job-errors"})
+
+
+def _windows(path: Path, count: int, size: int) -> list[str]:
+    """Text of ``count`` windows spread over the file after its head, the last one its tail."""
+    try:
+        total = path.stat().st_size
+    except OSError:
+        return []
+    if total <= size:
+        return []
+    starts = sorted({size + (total - 2 * size) * index // max(1, count - 1) for index in range(count)} | {total - size})
+    texts = []
+    try:
+        with open_binary(path) as handle:
+            for start in starts:
+                handle.seek(max(0, start))
+                raw = handle.read(size)
+                cut = raw.find(b"\n")
+                texts.append(raw[cut + 1:].decode("utf-8", errors="replace") if cut >= 0 else "")
+    except (OSError, EOFError, ValueError):
+        return texts
+    return texts
+
+
+def _detect(path: Path, head: str) -> list[tuple[float, Kind]]:
+    """Kinds for a file, best first: its head first; when nothing claims the head for sure,
+    or a job log's NCCL/error lines fill it, windows further into the file are looked at too
+    (detection must not stop at a long preamble)."""
+    candidates = detect_kind(head)
+    best = candidates[0] if candidates else None
+    if best is not None and best[0] >= 0.9 and best[1].name not in _EMBEDDED_IN_TRAINING_LOG:
+        return candidates
+    scores = {kind.name: (score, kind) for score, kind in candidates}
+    for window in _windows(path, FURTHER_WINDOWS, len(head.encode("utf-8", errors="replace")) or 65536):
+        for score, kind in detect_kind(window):
+            if score > scores.get(kind.name, (0.0, kind))[0]:
+                scores[kind.name] = (score, kind)
+    training = scores.get("training-log")
+    if best is not None and best[1].name in _EMBEDDED_IN_TRAINING_LOG and training and training[0] >= 0.85:
+        return [training] + [pair for name, pair in scores.items() if name != "training-log"]
+    if best is not None and best[0] >= 0.9:
+        return candidates
+    return sorted(scores.values(), key=lambda pair: (-pair[0], pair[1].name))
+
+
 def read_evidence(
     path: str | Path,
     kind: str | None = None,
@@ -95,7 +145,7 @@ def read_evidence(
     detected = kind is None
     confidence: float | None = None
     if kind is None:
-        candidates = detect_kind(head)
+        candidates = _detect(target, head)
         if not candidates:
             raise UnrecognisedInput(
                 f"{target}: not a kind of output spikeops reads (use --kind; `spikeops parse --list-kinds`)"

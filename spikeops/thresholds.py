@@ -5,11 +5,18 @@ and a material fraction of it): the diagnosis over a finished window with pandas
 (``spikeops.diagnosis.symptom``), the watcher online, step by step (``spikeops.watch``). They
 live here, apart from either, so the watcher (and the CLI that builds its parser) does not
 import pandas to read four numbers, and the two can never drift apart.
+
+The rest are the diagnosis's rules for the logs real runs print (every 10-100 steps, pasted
+excerpts of a few lines): ratios to the running level that work from a handful of points,
+and the levels no healthy run reaches whatever its history.
 """
 
 from __future__ import annotations
 
-__all__ = ["Z_SPIKE", "REL_SPIKE", "MIN_HISTORY", "SHORT_HISTORY", "WINDOW"]
+__all__ = [
+    "Z_SPIKE", "REL_SPIKE", "MIN_HISTORY", "SHORT_HISTORY", "WINDOW",
+    "RATIO_SHORT", "CLIMB_RISES", "CLIMB_REL", "ABSURD_LOSS", "ABSURD_LR", "MIN_POINTS",
+]
 
 #: A spike is this many noise units above the running level...
 Z_SPIKE = 6.0
@@ -22,3 +29,18 @@ MIN_HISTORY = 2
 SHORT_HISTORY = 5
 #: Trailing window of the running level, in logged steps.
 WINDOW = 50
+#: With fewer than SHORT_HISTORY logged points before it (the second point of an excerpt
+#: included), a point this many times the running level is a spike on its own: there is no
+#: noise estimate yet, and a healthy loss does not jump by half between two log lines.
+RATIO_SHORT = 1.5
+#: A climb: this many consecutive rises between logged points, CLIMB_REL (50 %) in all.
+CLIMB_RISES = 3
+CLIMB_REL = 0.5
+#: A loss this high is broken whatever the run's own history (cross-entropy over any
+#: vocabulary stays below ~15; a flat 1.5e5 is a run that diverged before the excerpt).
+ABSURD_LOSS = 1e4
+#: An Adam learning rate above this is a configuration error, not a schedule.
+ABSURD_LR = 1.0
+#: Fewer logged loss values than this, with nothing anomalous among them, cannot tell a
+#: healthy run: the symptom is ``unknown``, never ``none``.
+MIN_POINTS = 3

@@ -65,17 +65,22 @@ def test_deepspeed_overflow_marks_next_iteration_skipped_and_dates_it():
     assert tl.first_loss_doubling(log.records) is None  # 2.667 -> 4.374 is not a doubling
 
 
-def test_iteration_without_lm_loss_is_kept():
+def test_iteration_without_lm_loss_is_kept_and_read_as_non_finite():
+    """Megatron prints ``lm loss`` only when its average is > 0, which NaN is not: a line
+    that prints the fields after the loss (loss scale, grad norm, the counters), skipped no
+    iteration, and has no loss, in a log whose other lines print one, is a NaN loss."""
     log = tl.parse(real_text(REAL + "104b-wide-fp16-diverged-missing-lm-loss_bigscience.txt"))
     assert [r.step for r in log.records] == [9026, 9027]
     assert log.records[0].loss == pytest.approx(7.02458)
     assert log.records[0].loss_scale == 16384.0
+    assert log.records[0].loss_missing is False and log.records[0].nan is False
     missing = log.records[1]
     assert missing.loss is None and missing.loss_scale == 8192.0
     assert missing.grad_norm == pytest.approx(20609.78)
-    assert missing.nan is False and missing.skipped is False
+    assert missing.loss_missing is True and missing.nan is True and missing.skipped is False
     assert missing.line == 3
-    assert log.gaps == []  # the bare 'time (ms)' lines are not evidence of anything
+    assert log.gaps == []  # read (as a NaN), not unread; the bare 'time (ms)' lines are nothing
+    assert any(line.startswith("NO LOSS PRINTED at step(s) 9027") for line in tl.summarize(log))
 
 
 def test_grad_norm_and_loss_spike_lines_with_and_without_leading_space():
@@ -333,7 +338,10 @@ def test_hf_dicts_with_bare_nan_string_values_and_tqdm_prefix():
         "{'loss': 1.2, 'grad_norm': }\n"
     )
     log = tl.parse(text)
-    assert [r.step for r in log.records] == [1, 2]
+    # The Trainer prints no step; its bar says 9 were done when the first dict was printed.
+    # The second dict has no newer bar: the step after it, and marked invented.
+    assert [r.step for r in log.records] == [9, 10]
+    assert log.step_is_ordinal is True
     assert math.isnan(log.records[0].loss) and log.records[0].grad_norm == math.inf
     assert log.records[0].nan is True
     assert (log.records[1].loss, log.records[1].grad_norm, log.records[1].epoch) == (1.374, 3.418, 1.0)

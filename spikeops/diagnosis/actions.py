@@ -22,7 +22,8 @@ __all__ = ["plan_actions", "ACTION_KINDS"]
 ACTION_KINDS = (
     "stop_job", "preserve_state", "observe", "isolate_nodes", "skip_batches", "filter_data", "fix_rng_restore",
     "check_dataloader", "clip_grad", "detect_anomaly", "lr_test", "check_loss_scale", "enable_nccl_debug",
-    "check_fabric", "align_nccl_version", "quarantine_checkpoint", "check_cooling", "resume", "notify",
+    "check_fabric", "align_nccl_version", "quarantine_checkpoint", "check_cooling", "collect_evidence", "resume",
+    "notify",
 )
 
 #: Causes precise enough to act on at once, even for a spike that recovered.
@@ -68,18 +69,30 @@ def plan_actions(
     culprits: list[str],
     resume_from: dict[str, Any] | None,
     corrupt_checkpoint: dict[str, Any] | None,
+    collect: list[str] | None = None,
 ) -> list[dict[str, Any]]:
     if primary.cause == "false_alarm":
         return [{"kind": "notify", "why": "the metrics show nothing anomalous"}]
+    if primary.cause == "inconclusive":
+        # Nothing to act on: neither stop nor resume on evidence that was not read.
+        return [{"kind": "collect_evidence", "what": list(collect or [])},
+                {"kind": "notify", "why": "the evidence needed to judge could not be read: see missing"}]
     strong = primary.confidence >= 0.8 and primary.cause in _ACTIONABLE
-    stop = symptom in ("instant_nan", "spike_no_recovery", "creeping_increase") or bool(culprits) or strong
+    # A GPU or link fault the job printed without naming its node: a faulty node keeps
+    # polluting the gradients (the seed), so the job stops until the node is found.
+    untied = primary.cause in ("gpu_xid", "gpu_ecc", "ib_link_flap") and not culprits
+    stop = symptom in ("instant_nan", "spike_no_recovery", "creeping_increase") or bool(culprits) or strong or untied
     actions: list[dict[str, Any]] = []
     if stop:
         actions.append({"kind": "stop_job"})
         if symptom in ("instant_nan", "spike_no_recovery") or culprits:
             actions.append({"kind": "preserve_state"})
-    else:
+    elif symptom != "unknown":  # nothing says the run is training on: nothing to observe
         actions.append({"kind": "observe", "steps": 50})
+    if untied:
+        actions.append({"kind": "collect_evidence", "what": [
+            "nvidia-smi -q and the kernel log of every node of the job: the error names no node, and the faulty "
+            "one must be found (and isolated) before the job runs again"]})
     if culprits:
         actions.append({"kind": "isolate_nodes", "nodes": list(culprits), "reason": primary.cause})
     if corrupt_checkpoint is not None:

@@ -8,11 +8,22 @@ values count, and weakly (a long-lived NIC accumulates pauses in healthy operati
 
 from __future__ import annotations
 
-import re
 from collections import Counter
 from collections.abc import Callable, Iterable
 
 from spikeops.diagnosis.context import Context
+from spikeops.diagnosis.counters import (
+    DROP_ABSOLUTE,
+    DROP_GROWTH,
+    IB_WATCHED,
+    PAUSE_ABSOLUTE,
+    PAUSE_GROWTH,
+    RETRANSMIT_COUNTERS,
+    congestion_counter_high,
+    ignored,
+    is_drop,
+    is_pause,
+)
 from spikeops.diagnosis.evidence import NodeFacts
 from spikeops.diagnosis.model import EvidenceLine, Finding, RuledOut
 from spikeops.diagnosis.symptom import throughput_drop
@@ -33,24 +44,29 @@ __all__ = [
 #: the GPU's or the program's, judged elsewhere).
 COMM_EVENTS = frozenset({
     "warn", "ib_completion_error", "system_error", "internal_error", "invalid_usage", "remote_error",
-    "connection_error", "watchdog_timeout", "desync", "timeout", "abort",
+    "connection_error", "watchdog_timeout", "desync", "timeout", "abort", "ib_port_error",
 })
-_PAUSE = re.compile(r"pause", re.I)
-_DROP = re.compile(r"discard|drop|out_of_buffer|buffer_overrun|no_buf|rx_missed|fifo_err", re.I)
-_IGNORE = re.compile(r"xdp|csum|lro|tpa_", re.I)  # XDP drops are a program's choice, not congestion
-#: Growth since the baseline that is congestion, not background.
-PAUSE_GROWTH = 1_000
-DROP_GROWTH = 100
-#: Without a baseline, absolute values this large (and the finding stays weak).
-PAUSE_ABSOLUTE = 10_000_000
-DROP_ABSOLUTE = 1_000_000
-#: IB retransmission counters (hw_counters) whose growth is the spec's "retransmits".
-RETRANSMIT_COUNTERS = ("roce_adp_retrans", "local_ack_timeout_err", "rnr_nak_retry_err", "packet_seq_err",
-                       "implied_nak_seq_err", "out_of_sequence", "duplicate_request")
-
-
 def _comm_events(node: NodeFacts) -> list:
     return [event for event in (node.nccl.events if node.nccl else []) if event.kind in COMM_EVENTS]
+
+
+def _printed_comm_events(ctx: Context) -> tuple[dict[str, list], int]:
+    """NCCL / PyTorch-distributed errors in the job's own output (train.log), by the node a
+    line names (its NCCL prefix's host, its rank); "" for lines that name none."""
+    grouped: dict[str, list] = {}
+    outside = 0
+    for output in ctx.outputs():
+        if output.nccl is None:
+            continue
+        for event in output.nccl.events:
+            if event.kind not in COMM_EVENTS:
+                continue
+            if ctx.in_window(event.time) is False:
+                outside += 1
+                continue
+            node = ctx.output_node(output, host=event.host, rank=event.rank) or ""
+            grouped.setdefault(node, []).append((output.file, event))
+    return grouped, outside
 
 
 def comm_nccl_error(ctx: Context) -> list[Finding]:
@@ -62,10 +78,14 @@ def comm_nccl_error(ctx: Context) -> list[Finding]:
             if inside is False:
                 outside += 1
                 continue
-            per_node.setdefault(node.name, []).append(event)
+            per_node.setdefault(node.name, []).append((node.file("nccl.log"), event))
+    printed, printed_outside = _printed_comm_events(ctx)
+    outside += printed_outside
+    for name, items in printed.items():
+        per_node.setdefault(name, []).extend(items)
     retrans = _retransmit_growth(ctx)
     if not per_node and not retrans:
-        if not any(node.nccl for node in ctx.reachable):
+        if not any(node.nccl for node in ctx.reachable) and not any(o.nccl for o in ctx.outputs()):
             ctx.missing.append("nccl.log: none collected (communication errors not checked)")
         else:
             note = f" ({outside} outside the window)" if outside else ""
@@ -74,22 +94,23 @@ def comm_nccl_error(ctx: Context) -> list[Finding]:
     evidence: list[EvidenceLine] = []
     kinds: Counter[str] = Counter()
     for name, events in sorted(per_node.items()):
-        for event in events:
+        for _, event in events:
             kinds[event.kind] += 1
-        first = events[0]
-        evidence.append(EvidenceLine(f"nodes/{name}/nccl.log", first.line, first.text))
+        first_file, first = events[0]
+        evidence.append(EvidenceLine(first_file, first.line, first.text))
     for name, counter, growth, line in retrans[:3]:
         evidence.append(EvidenceLine(f"nodes/{name}/ib-counters.txt", line, f"{counter} grew by {growth:,} since baseline"))
-    nodes = sorted(set(per_node) | {name for name, *_ in retrans})
+    nodes = sorted((set(per_node) - {""}) | {name for name, *_ in retrans})
     described = ", ".join(f"{count} {kind.replace('_', ' ')}" for kind, count in kinds.most_common())
     if retrans:
         described = (described + "; " if described else "") + f"IB retransmit counters grew on {len({n for n, *_ in retrans})} node(s)"
     confidence = 0.72 if len(nodes) >= 2 else 0.66
     if not per_node:
         confidence = 0.5
+    where = f"on {len(nodes)} node(s)" if nodes else "in the job's output"
     return [Finding(
         layer="communication", cause="nccl_error", confidence=confidence,
-        summary=f"communication errors in the window on {len(nodes)} node(s): {described}",
+        summary=f"communication errors in the window {where}: {described}",
         nodes=nodes, step=ctx.spike, evidence=evidence[:8],
     )]
 
@@ -128,22 +149,6 @@ def _retransmit_growth(ctx: Context) -> list[tuple[str, str, int, int | None]]:
     return hits
 
 
-#: IB counters whose growth some rule judges (link flaps, discards, retransmits).
-IB_WATCHED = ("link_downed", "link_error_recovery", "port_xmit_discards", "excessive_buffer_overrun_errors",
-              "out_of_buffer", *RETRANSMIT_COUNTERS)
-
-
-def congestion_counter_high(name: str, value: int) -> bool:
-    """Is this NIC counter high enough now that its growth could count as congestion?"""
-    if _IGNORE.search(name):
-        return False
-    if _PAUSE.search(name):
-        return value >= PAUSE_GROWTH
-    if _DROP.search(name):
-        return value >= DROP_GROWTH
-    return False
-
-
 def _congestion_hits(node: NodeFacts) -> tuple[list[tuple[str, str, int, bool]], bool]:
     """(file, counter, growth-or-value, from_baseline) of congestion counters; and whether
     any baseline was available on this node."""
@@ -154,9 +159,9 @@ def _congestion_hits(node: NodeFacts) -> tuple[list[tuple[str, str, int, bool]],
         had_baseline |= base is not None or name in node.baselines
         growth = counter_growth(stats.counters, base.counters if base else None)
         for counter, value in growth.items():
-            if _IGNORE.search(counter):
+            if ignored(counter):
                 continue
-            pause, drop = _PAUSE.search(counter), _DROP.search(counter)
+            pause, drop = is_pause(counter), is_drop(counter)
             if base is not None and ((pause and value >= PAUSE_GROWTH) or (drop and value >= DROP_GROWTH)):
                 hits.append((name, counter, value, True))
             elif base is None and ((pause and value >= PAUSE_ABSOLUTE) or (drop and value >= DROP_ABSOLUTE)):

@@ -18,6 +18,7 @@ import pandas as pd
 from spikeops.diagnosis.evidence import (
     BundleFacts,
     first_step,
+    JobOutput,
     MetricsTable,
     NodeFacts,
     batch_records,
@@ -36,6 +37,9 @@ RANK_WINDOW_BEFORE = 40
 RANK_WINDOW_AFTER = 10
 #: Batches before the onset that give the population of normal token counts.
 BATCH_WINDOW_BEFORE = 8
+#: Without a spike (the global loss moved a few percent), the last logged steps whose per-rank
+#: rows are still read: one rank can depart 6-20x from its peers while the mean hides it.
+RANK_SCAN_STEPS = 50
 #: Steps of reference batches compared after a resume: a lost RNG state changes every
 #: batch, so a few steps of every rank tell it for sure.
 REFERENCE_STEPS = 16
@@ -49,6 +53,8 @@ class Context:
     batches: list[BatchRecord] = field(default_factory=list)
     reference: list[BatchRecord] = field(default_factory=list)
     reference_present: bool = False
+    #: Steps of per-rank rows read without a spike (the last stretch of the run), or None.
+    scanned: tuple[int, int] | None = None
     ruled_out: list[RuledOut] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)
 
@@ -71,6 +77,38 @@ class Context:
 
     def node_of_rank(self, rank: int | None) -> str | None:
         return None if rank is None else self.job.node_of_rank(rank)
+
+    def node_named(self, host: str | None) -> str | None:
+        """The job's node a host name in a log means (``gpu-003.cluster.local`` is
+        ``gpu-003``); None when it names none of the job's nodes."""
+        if not host:
+            return None
+        known = set(self.job.nodes) | {node.name for node in self.facts.nodes}
+        if host in known:
+            return host
+        short = host.split(".", 1)[0]
+        return short if short in known else None
+
+    def output_node(self, output: JobOutput, *, host: str | None = None, rank: int | None = None,
+                    device: int | None = None, local_rank: int | None = None, pci: str | None = None) -> str | None:
+        """The node an error line of the job's output is about, when the line (or its file)
+        says: a host it names, the node whose log it is, a global rank through the job's rank
+        map; a device, local rank or PCI address only tells the node in a one-node job. None otherwise:
+        an error that names no node convicts none."""
+        named = self.node_named(host)
+        if named is not None:
+            return named
+        if output.node is not None:
+            return output.node
+        if rank is not None:
+            return self.node_of_rank(rank)
+        if (device is not None or local_rank is not None or pci is not None) and len(self.job.nodes) == 1:
+            return self.job.nodes[0]
+        return None
+
+    def outputs(self) -> list[JobOutput]:
+        """The job's own output, read for errors (bundle train.log, nodes' train.log/nccl.log)."""
+        return list(self.facts.output)
 
     # -- time ----------------------------------------------------------------------------
     def in_window(self, moment: datetime | None) -> bool | None:
@@ -126,6 +164,18 @@ def build_context(facts: BundleFacts, symptom: SymptomResult) -> Context:
     context = Context(facts, symptom)
     root = facts.path
     trouble = context.trouble
+    if trouble is None and facts.metrics is not None and len(facts.metrics.frame) and (root / "ranks.jsonl").is_file():
+        # No spike to look around: scan the last stretch of the run for a departing rank.
+        steps = facts.metrics.frame.index
+        low, high = int(steps[max(0, len(steps) - RANK_SCAN_STEPS)]), int(steps[-1])
+        try:
+            rows, notes = read_jsonl_window(root / "ranks.jsonl", low, high)
+        except (OSError, ValueError) as exc:
+            context.missing.append(f"ranks.jsonl: unreadable ({exc})")
+        else:
+            context.missing.extend(notes)
+            context.ranks = rank_records(rows)
+            context.scanned = (low, high)
     if trouble is not None:
         for name, target, reader, before in (("ranks.jsonl", "ranks", rank_records, RANK_WINDOW_BEFORE),
                                              ("batches.jsonl", "batches", batch_records, BATCH_WINDOW_BEFORE)):

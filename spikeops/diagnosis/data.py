@@ -117,13 +117,61 @@ def data_corrupted_sample(ctx: Context) -> list[Finding]:
     return findings
 
 
+#: Replayed steps needed to compare a resume's losses with the first run's.
+MIN_REPLAYS = 5
+#: Same data, same weights: the replay's losses differ from the first run's by far less than
+#: one step's loss differs from the next (kernel nondeterminism only). Different data: by as
+#: much. Between the two, the comparison says nothing.
+SAME_DATA_RATIO = 0.3
+OTHER_DATA_RATIO = 0.6
+
+
+def _replayed_steps(ctx: Context) -> list[Finding]:
+    """Without batch fingerprints, the log's own replay: after the step counter went back,
+    the steps logged again are compared with the first run's for the same steps (the seed's
+    "compare with the uninterrupted loss curve"). Weaker than fingerprints, so lower."""
+    replays = list(getattr(ctx.metrics, "replays", []) or []) if ctx.metrics is not None else []
+    if len(replays) < MIN_REPLAYS:
+        return []
+    replays.sort(key=lambda r: r.step)
+    gaps = [abs(r.again - r.first) for r in replays]
+    firsts = [r.first for r in replays]
+    noise = statistics.median(abs(b - a) for a, b in zip(firsts, firsts[1:])) if len(firsts) > 2 else 0.0
+    difference = statistics.median(gaps)
+    first = replays[0]
+    if noise <= 0:
+        return []
+    ratio = difference / noise
+    if ratio <= SAME_DATA_RATIO:
+        ctx.ruled_out.append(RuledOut(
+            "data", f"the {len(replays)} steps logged again after the restart (from step {first.step}) reproduce the first "
+                    f"run's losses (median difference {difference:.3g}, step-to-step noise {noise:.3g}): the data order survived"))
+        return []
+    if ratio < OTHER_DATA_RATIO:
+        return []
+    higher = statistics.mean(r.again for r in replays) > statistics.mean(firsts)
+    confidence = 0.62 if ctx.symptom.symptom == "creeping_increase" else (0.55 if higher else 0.4)
+    file = ctx.metrics.file
+    return [Finding(
+        layer="data", cause="rng_not_restored", confidence=confidence,
+        summary=f"the run went back to step {first.step} and logged {len(replays)} steps again with other losses than the "
+                f"first time (median difference {difference:.3g} vs step-to-step noise {noise:.3g}"
+                + (", higher" if higher else "") + "): the data order (RNG/sampler state) was not restored; "
+                "no batch fingerprints to confirm it",
+        step=first.step,
+        evidence=[EvidenceLine(file, first.first_line, f"step {first.step}: loss {first.first:.6g} (first run)"),
+                  EvidenceLine(file, first.again_line, f"step {first.step}: loss {first.again:.6g} (after the restart)")],
+        onset_step=first.step,
+    )]
+
+
 def data_rng_not_restored(ctx: Context) -> list[Finding]:
     resumed = ctx.job.resumed_from
     if resumed is None or resumed.step is None:
-        return []
+        return _replayed_steps(ctx)
     if not ctx.reference_present:
         ctx.missing.append("reference/batches.jsonl: absent (data order after the resume not checked)")
-        return []
+        return _replayed_steps(ctx)
     current = {(r.step, r.rank): r for r in ctx.batches if r.step > resumed.step and r.fingerprint}
     pairs = [(ref, current[(ref.step, ref.rank)]) for ref in ctx.reference
              if ref.fingerprint and (ref.step, ref.rank) in current]
@@ -212,14 +260,27 @@ def _runs_into_trouble(departing: dict[int, list[tuple[int, str, float, float]]]
     return kept
 
 
+#: Without a spike, a rank must depart on this many logged steps of the scanned stretch, up
+#: to its end, before it is a finding of its own (one odd step is noise).
+QUIET_MIN_STEPS = 3
+
+
 def data_rank_data_misalignment(ctx: Context) -> list[Finding]:
     trouble = ctx.trouble
+    quiet = trouble is None
+    if quiet and ctx.scanned is not None:
+        # The global loss moved too little to be a spike; one rank may still be far off.
+        trouble = ctx.scanned
     if trouble is None:
         return []
     if not ctx.ranks:
         return []
-    steps = sorted({r.step for r in ctx.ranks if trouble[0] - MISALIGNMENT_LOOKBACK <= r.step <= trouble[1]})
+    low = trouble[0] if quiet else trouble[0] - MISALIGNMENT_LOOKBACK
+    steps = sorted({r.step for r in ctx.ranks if low <= r.step <= trouble[1]})
     departing = _runs_into_trouble(departing_ranks(ctx, steps), steps, trouble[1])
+    if quiet:
+        departing = {rank: hits for rank, hits in departing.items()
+                     if len({step for step, *_ in hits}) >= QUIET_MIN_STEPS}
     if not departing:
         ctx.ruled_out.append(RuledOut("data", f"no rank departs from its peers between steps {steps[0] if steps else trouble[0]} and {trouble[1]}"))
         return []

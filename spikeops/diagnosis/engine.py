@@ -12,6 +12,12 @@ Weighing encodes the framework's judgments, not a tuning of scores:
 
 Only findings that convict, with confidence >= 0.5, put nodes in ``culprit_nodes``;
 thermal throttling convicts only when it is itself the primary cause.
+
+Unread is not healthy: ``false_alarm`` needs step metrics that were read and show nothing;
+when none could be judged (symptom ``unknown``) and no rule holds on what was read, the
+primary is ``inconclusive`` (confidence 0.2, no culprit, no resume) and the actions say what to
+collect. Findings about a node that say nothing of the cause (layer hardware, cause
+``inconclusive``) are never the primary.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from spikeops.diagnosis.context import Context, build_context
 from spikeops.diagnosis.evidence import BundleFacts, load_bundle
 from spikeops.diagnosis.model import LAYERS, Diagnosis, EvidenceLine, Finding
 from spikeops.diagnosis.symptom import WINDOW, classify
+from spikeops.thresholds import MIN_POINTS, SHORT_HISTORY
 
 __all__ = ["diagnose", "diagnose_facts", "classify_bundle", "focus_step", "ALL_RULES", "PRIMARY_THRESHOLD"]
 
@@ -103,15 +110,59 @@ def _false_alarm(ctx: Context, weak: bool) -> Finding:
     if frame is not None and len(frame):
         evidence = _metrics_evidence(ctx, [int(frame.index[0]), int(frame.index[-1])], "no anomaly in between")
     notes = f"; {ctx.symptom.notes[0]}" if ctx.symptom.notes else ""
+    confidence = 0.6 if weak else 0.85
+    if ctx.symptom.points < SHORT_HISTORY:
+        confidence = 0.45  # a handful of logged points: nothing anomalous, but little to go on
+        notes += f"; judged on {ctx.symptom.points} logged points only"
     return Finding(
-        layer="none", cause="false_alarm", confidence=0.6 if weak else 0.85,
+        layer="none", cause="false_alarm", confidence=confidence,
         summary=("the metrics show nothing anomalous" if frame is not None else "no step metrics to judge") + notes,
         evidence=evidence,
     )
 
 
+def _what_to_collect(ctx: Context) -> list[str]:
+    """The evidence an inconclusive diagnosis needs next, from what was missing."""
+    wanted = []
+    if ctx.metrics is None or not len(ctx.metrics.frame):
+        wanted.append("the job's step metrics: metrics.jsonl, or its training log with the iteration/step lines")
+    elif ctx.symptom.points < MIN_POINTS:
+        wanted.append(f"more of the training log: the logged steps before the incident ({MIN_POINTS} or more)")
+    if not ctx.nodes:
+        wanted.append("the nodes' evidence (spikeops collect): kernel log, nvidia-smi -q, NCCL log, IB counters")
+    else:
+        unreachable = [node.name for node in ctx.nodes if node.unreachable]
+        if unreachable:
+            wanted.append(f"the unreachable node(s) {', '.join(unreachable[:8])}: their kernel log and nvidia-smi -q "
+                          "out of band (BMC, console)")
+    return wanted or ["the job's full log and the nodes' evidence around the window"]
+
+
+def _inconclusive(ctx: Context) -> Finding:
+    unread = "; ".join(ctx.symptom.unread) or "no step metrics could be judged"
+    evidence = []
+    for output in ctx.outputs():
+        for source in (output.errors, output.nccl):
+            for event in (getattr(source, "events", None) or [])[:1]:
+                evidence.append(EvidenceLine(output.file, event.line, event.text))
+    return Finding(
+        layer="none", cause="inconclusive", confidence=0.2,
+        summary=f"{unread}, and no rule holds on what was read: collect "
+                + "; ".join(_what_to_collect(ctx)),
+        evidence=evidence[:4],
+    )
+
+
+def _resumed(ctx: Context) -> bool:
+    """The run resumed: the incident says so, or the log's step counter went back."""
+    return ctx.job.resumed_from is not None or bool(ctx.metrics is not None and ctx.metrics.replays)
+
+
 def _fallback(ctx: Context) -> Finding:
     layer, cause = _FALLBACK[ctx.symptom.symptom]
+    if cause == "rng_not_restored" and not _resumed(ctx):
+        # A run that never resumed cannot have lost its RNG state: the seed's next direction.
+        layer, cause = "numeric", "lr_too_high"
     return Finding(
         layer=layer, cause=cause, confidence=0.2,
         summary=f"no direct evidence for any cause; {cause.replace('_', ' ')} is the most likely direction for "
@@ -183,9 +234,14 @@ def diagnose_facts(facts: BundleFacts) -> Diagnosis:
     _weigh(findings)
     findings.sort(key=_order)
 
-    holding = [f for f in findings if f.confidence >= PRIMARY_THRESHOLD and not f.history]
-    tentative = [f for f in findings if f.confidence >= TENTATIVE_THRESHOLD and not f.history]
-    if symptom.symptom == "none" and not holding:
+    causal = [f for f in findings if not f.history and f.cause != "inconclusive"]
+    holding = [f for f in causal if f.confidence >= PRIMARY_THRESHOLD]
+    tentative = [f for f in causal if f.confidence >= TENTATIVE_THRESHOLD]
+    if symptom.symptom == "unknown" and not holding:
+        # Unread is not healthy: nothing says what happened, and nothing says all is well.
+        primary = _inconclusive(ctx)
+        findings.insert(0, primary)
+    elif symptom.symptom == "none" and not holding:
         primary = _false_alarm(ctx, weak=bool(findings))
         findings.insert(0, primary)
     elif holding:
@@ -207,7 +263,7 @@ def diagnose_facts(facts: BundleFacts) -> Diagnosis:
     else:
         culprit_ranks = sorted({rank for f in convicting for rank in f.ranks} | set(primary.ranks))
 
-    if primary.cause == "false_alarm":
+    if primary.cause in ("false_alarm", "inconclusive"):
         onset = None
     elif primary.cause in ("rng_not_restored", "corrupted_checkpoint") and primary.onset_step is not None:
         onset = primary.onset_step
@@ -221,10 +277,11 @@ def diagnose_facts(facts: BundleFacts) -> Diagnosis:
         entry = checkpoint.resumed_checkpoint(ctx)
         if entry is not None:
             corrupt = {"step": entry.step, "path": entry.path}
-    actions = plan_actions(symptom.symptom, primary, findings, culprit_nodes, resume_from, corrupt)
+    actions = plan_actions(symptom.symptom, primary, findings, culprit_nodes, resume_from, corrupt,
+                           collect=_what_to_collect(ctx) if primary.cause == "inconclusive" else None)
 
     ruled_out = _dedupe(ctx.ruled_out)
-    missing = _dedupe(facts.missing + ctx.missing)
+    missing = _dedupe(facts.missing + [f"step metrics: {why}" for why in symptom.unread] + ctx.missing)
     if resume_from is None and onset is not None and facts.checkpoints:
         missing.append(f"checkpoints.json: no verified checkpoint before the onset step {onset}")
     return Diagnosis(

@@ -12,9 +12,11 @@ past ``load_bundle`` except BundleError for a bundle that cannot be opened at al
 
 from __future__ import annotations
 
+import bisect
 import json
 import math
 import mmap
+import re
 import os
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
@@ -26,7 +28,8 @@ import orjson
 import pandas as pd
 
 from spikeops.bundle import Bundle, open_bundle
-from spikeops.errors import InputError
+from spikeops.diagnosis.counters import IB_WATCHED, congestion_counter_high
+from spikeops.errors import InputError, UnrecognisedInput
 from spikeops.probes.bundle_files import (
     BatchRecord,
     Checkpoint,
@@ -42,6 +45,9 @@ from spikeops.reading import read_evidence
 
 __all__ = [
     "MetricsTable",
+    "Replay",
+    "JobOutput",
+    "read_job_output",
     "NodeFacts",
     "BundleFacts",
     "load_bundle",
@@ -72,6 +78,14 @@ class MetricsTable:
     frame: pd.DataFrame
     file: str
     gaps: list[str] = field(default_factory=list)
+    #: The fp16 scaler's own lines in a training log (DeepSpeed's ``OVERFLOW! ... reducing
+    #: to``, fairseq's ``setting loss scale to``, ``already at minimum``), in file order:
+    #: loss-scale evidence even when the log has no step lines at all.
+    overflows: list[Any] = field(default_factory=list)
+    #: Lines of the log the steps were read from (0 when unknown).
+    lines: int = 0
+    #: Steps a resumed run re-logged, with the first run's value (class 8's evidence).
+    replays: list[Replay] = field(default_factory=list)
 
     def line_of(self, step: int | None) -> int | None:
         if step is None or step not in self.frame.index:
@@ -79,13 +93,23 @@ class MetricsTable:
         return int(self.frame.at[step, "line"])
 
     def step_at_or_after(self, moment: Any) -> int | None:
-        """The first step logged at or after ``moment`` (spec: a hardware event's step)."""
-        if moment is None or "time" not in self.frame:
+        """The first step logged at or after ``moment`` (spec: a hardware event's step).
+
+        When only some lines carry a time (DeepSpeed stamps its own lines, not the trainer's),
+        the answer is the first step after the last timed step before ``moment``: an untimed
+        step after it may already be past the moment, so the earliest candidate is kept."""
+        if moment is None or "time" not in self.frame or not len(self.frame):
             return None
         times = self.frame["time"]
+        timed = times.notna().to_numpy()
+        if not timed.any():
+            return None
         stamp = pd.Timestamp(moment)
-        hits = times.index[(times >= stamp).to_numpy()]
-        return int(hits[0]) if len(hits) else None
+        before = timed & (times < stamp).to_numpy()
+        if not before.any():
+            return int(self.frame.index[0])
+        position = int(np.flatnonzero(before)[-1]) + 1
+        return int(self.frame.index[position]) if position < len(self.frame) else None
 
 
 def _later_run_wins(steps: np.ndarray) -> np.ndarray:
@@ -112,6 +136,43 @@ def _value(raw: Any) -> tuple[float, bool]:
     if math.isfinite(value):
         return value, False
     return math.nan, True
+
+
+@dataclass(frozen=True)
+class Replay:
+    """A step logged twice, before and after the run went back (a resume): the same step's
+    loss in the first run and in the replay, with the lines they came from."""
+
+    step: int
+    first: float
+    again: float
+    first_line: int
+    again_line: int
+
+
+#: Replayed steps kept for the comparison (a long overlap says no more than this).
+MAX_REPLAYS = 5000
+
+
+def _replays(columns: dict[str, Any]) -> list[Replay]:
+    """Steps a later run re-logged, paired with the first run's value (file order)."""
+    steps = np.asarray(columns["step"], dtype=np.int64)
+    if len(steps) < 2 or not (np.diff(steps) < 0).any():
+        return []
+    losses = np.asarray(columns["loss"], dtype=float)
+    lines = np.asarray(columns["line"], dtype=np.int64)
+    last: dict[int, int] = {}
+    for index, step in enumerate(steps.tolist()):
+        last[step] = index
+    pairs = []
+    for index in np.flatnonzero(~_later_run_wins(steps)).tolist():
+        again = last[int(steps[index])]
+        if again != index and math.isfinite(losses[index]) and math.isfinite(losses[again]):
+            pairs.append(Replay(int(steps[index]), float(losses[index]), float(losses[again]),
+                                int(lines[index]), int(lines[again])))
+            if len(pairs) >= MAX_REPLAYS:
+                break
+    return pairs
 
 
 def _frame_from_columns(columns: dict[str, list[Any]], times: pd.Series) -> pd.DataFrame:
@@ -232,6 +293,7 @@ def _metrics_jsonl(path: Path) -> MetricsTable:
     columns["skipped"] = (skipped.to_numpy() == True)[valid] if skipped.notna().any() else np.zeros(int(valid.sum()), dtype=bool)  # noqa: E712
     columns["line"] = lines[valid]
     times = _times(raw["time"].to_numpy()[valid].tolist())
+    replays = _replays(columns)
     frame = _frame_from_columns(columns, times)
     gaps = []
     if bad_lines:
@@ -239,7 +301,7 @@ def _metrics_jsonl(path: Path) -> MetricsTable:
     if skipped_head:
         gaps.append(f"metrics.jsonl: only the last {MAX_METRIC_LINES:,} of {total_lines:,} lines were read "
                     f"(earlier history is not needed to judge this incident)")
-    return MetricsTable(frame, path.name, gaps)
+    return MetricsTable(frame, path.name, gaps, replays=replays, lines=total_lines)
 
 
 def _metrics_from_log(path: Path, kind: str) -> MetricsTable:
@@ -251,7 +313,8 @@ def _metrics_from_log(path: Path, kind: str) -> MetricsTable:
         loss, loss_bad = _value(record.loss)
         grad, grad_bad = _value(record.grad_norm)
         columns["loss"].append(loss)
-        columns["loss_bad"].append(loss_bad or bool(getattr(record, "nan_iterations", None)))
+        columns["loss_bad"].append(loss_bad or bool(getattr(record, "nan_iterations", None))
+                                   or bool(getattr(record, "loss_missing", False)))
         columns["grad_norm"].append(grad)
         columns["grad_bad"].append(grad_bad)
         columns["lr"].append(_value(record.lr)[0])
@@ -261,9 +324,19 @@ def _metrics_from_log(path: Path, kind: str) -> MetricsTable:
         columns["time"].append(record.time)
         columns["line"].append(record.line)
     times = pd.to_datetime(pd.Series(columns.pop("time"), dtype=object), utc=True, errors="coerce")
+    replays = _replays(columns)
     frame = _frame_from_columns(columns, times)
-    gaps = [f"{path.name}: {gap.line and f'line {gap.line}: ' or ''}{gap.reason}" for gap in reading.gaps[:5]]
-    return MetricsTable(frame, path.name, gaps)
+    frame["perplexity_bad"] = _perplexity_bad(records, frame)
+    gaps = [f"{path.name}: {gap.line and f'line {gap.line}: ' or ''}{gap.reason}" for gap in reading.gaps[:5]
+            if gap.reason != "no training step lines found"]  # said once, with the line count, by load_metrics
+    return MetricsTable(frame, path.name, gaps, list(reading.result.overflow_events), reading.result.lines, replays)
+
+
+def _perplexity_bad(records: list[Any], frame: pd.DataFrame) -> np.ndarray:
+    """Steps whose printed perplexity is infinite (the loss behind it overflowed exp())."""
+    bad = {record.step for record in records
+           if getattr(record, "perplexity", None) is not None and not math.isfinite(record.perplexity)}
+    return np.fromiter((step in bad for step in frame.index), dtype=bool, count=len(frame))
 
 
 def load_metrics(bundle: Bundle) -> tuple[MetricsTable | None, list[str]]:
@@ -275,6 +348,10 @@ def load_metrics(bundle: Bundle) -> tuple[MetricsTable | None, list[str]]:
             continue
         try:
             table = _metrics_jsonl(path) if name == "metrics.jsonl" else _metrics_from_log(path, kind)
+        except UnrecognisedInput:
+            missing.append(f"{name}: no training step lines (no iteration/step line with a loss was recognised, "
+                           "and no loss-scale line)")
+            continue
         except (InputError, OSError) as exc:
             missing.append(f"{name}: {str(exc).split(': ', 1)[-1]}")
             continue
@@ -284,7 +361,11 @@ def load_metrics(bundle: Bundle) -> tuple[MetricsTable | None, list[str]]:
             if name.startswith("nodes/"):
                 missing.append(f"metrics.jsonl / train.log: absent; step metrics read from {name}")
             return table, missing
-        missing.append(f"{name}: no training steps in it")
+        lines = f" in its {table.lines} line(s)" if table.lines else ""
+        missing.append(f"{name}: no training step lines{lines} (no iteration/step line with a loss was recognised)")
+        if table.overflows:
+            # Only the fp16 scaler's lines: no steps, but loss-scale evidence all the same.
+            return table, missing
     if not missing:
         missing.append("metrics.jsonl / train.log: absent (no step metrics: symptom cannot be classified)")
     return None, missing
@@ -445,6 +526,103 @@ def batch_records(rows: list[Row]) -> list[BatchRecord]:
     return records
 
 
+# ------------------------------------------------------------------------------ job output
+
+#: What the job printed is read from its end: a crash, an ECC error, a watchdog timeout are
+#: the last things a failing job prints, and a weeks-long log must not cost the diagnosis.
+JOB_OUTPUT_TAIL = 8 << 20
+
+
+@dataclass
+class JobOutput:
+    """The errors one log of the job's own output holds: its NCCL / PyTorch-distributed
+    events and the hardware and scheduler errors it printed. ``node`` is the node the file
+    belongs to (``nodes/NODE/train.log``); None for the bundle's own ``train.log``."""
+
+    file: str
+    node: str | None
+    nccl: Any = None
+    errors: Any = None
+    notes: list[str] = field(default_factory=list)
+
+
+def _tail_text(path: Path, limit: int) -> tuple[int, str]:
+    """(number of the first line kept, the text of the last ``limit`` bytes, whole lines)."""
+    size = path.stat().st_size
+    with open(path, "rb") as handle:
+        start = max(0, size - limit)
+        skipped = 0
+        if start:
+            skipped = _count_newlines(handle, start)
+            handle.seek(start)
+            handle.readline()  # the partial line the cut fell in
+            skipped += 1
+        text = handle.read().decode("utf-8", errors="replace")
+    return skipped + 1, text
+
+
+#: Words one of which every line the NCCL reader or the error reader acts on holds: the
+#: readers cost ~0.1 ms a line, a training log is mostly step lines, so only the lines that
+#: can matter (and the line after each: a wrapped message's tail) are handed to them, as the
+#: collector's own grep does for nccl.log.
+_GATE = (
+    "NCCL", "nccl", "c10d", "ProcessGroup", "atchdog", "DistBackendError", "torch.distributed", "Connection",
+    "Broken pipe", "No route", "imed out", "TIMED OUT", "imeout", "terminate called", "CUDA error", "uda failure",
+    "CUDA failure", "Last error", "completion", "async event", "IBV_", "collective", "Socket", "what():",
+    "Exception", "frame #", "ECC", "Xid", "fallen off", "GPU is lost", "been lost", "device handle", "reset",
+    "link down", "link is down", "Node failure", "NODE FAIL", "NODE_FAIL", "launch failure", "LAUNCH_FAILED", "Error",
+)
+#: Lines one keyword may let through (a log full of one word is not read line by line).
+_GATE_LIMIT = 200_000
+
+
+def _gated(text: str) -> tuple[list[int], list[str]]:
+    """(0-based line indexes, lines) of the lines the gate lets through, each with the next.
+    Plain ``str.find`` per keyword: a scan in C, where one regex alternation of them costs
+    seconds on a 16 MiB tail."""
+    starts = [0] + [match.end() for match in re.finditer("\n", text)]
+    lines_total = len(starts)
+    wanted: set[int] = set()
+    for key in _GATE:
+        position, found = text.find(key), 0
+        while position >= 0 and found < _GATE_LIMIT:
+            index = bisect.bisect_right(starts, position) - 1
+            wanted.update((index, index + 1))
+            found += 1
+            following = starts[index + 1] if index + 1 < lines_total else len(text)
+            position = text.find(key, following)
+    indexes = sorted(index for index in wanted if index < lines_total)
+    lines = []
+    for index in indexes:
+        end = starts[index + 1] - 1 if index + 1 < lines_total else len(text)
+        lines.append(text[starts[index]:end])
+    return indexes, lines
+
+
+def read_job_output(path: Path, relative: str, node: str | None, *, nccl: bool = True) -> JobOutput:
+    """NCCL and hardware errors in a log of the job's output (its last JOB_OUTPUT_TAIL bytes);
+    ``nccl=False`` for a file the NCCL reader already read whole (a node's nccl.log)."""
+    from spikeops.probes import job_errors, nccl_log
+
+    output = JobOutput(relative, node)
+    try:
+        first, text = _tail_text(path, JOB_OUTPUT_TAIL)
+    except OSError as exc:
+        output.notes.append(f"{relative}: unreadable ({exc.strerror})")
+        return output
+    if first > 1:
+        output.notes.append(f"{relative}: errors looked for in its last {JOB_OUTPUT_TAIL >> 20} MiB only")
+    indexes, lines = _gated(text)
+    output.nccl = nccl_log.parse(lines) if nccl else None
+    output.errors = job_errors.parse(lines)
+    # The readers numbered the lines they were given: back to the file's own numbers.
+    for event in [*(output.nccl.events if output.nccl else []), *output.errors.events]:
+        event.line = first + indexes[event.line - 1]
+    if output.errors.last_exception_line is not None:
+        output.errors.last_exception_line = first + indexes[output.errors.last_exception_line - 1]
+    return output
+
+
 # ------------------------------------------------------------------------------ node facts
 
 
@@ -471,6 +649,9 @@ class NodeFacts:
     nccl_version: Any = None
     #: Probe files that have a baseline capture (parsed only when it could matter).
     baselines: set[str] = field(default_factory=set)
+    #: The job's own output on this node (``train.log``), and the hardware errors its
+    #: ``nccl.log`` lines carry (a watchdog that died of an ECC error).
+    output: list[JobOutput] = field(default_factory=list)
 
     def file(self, name: str, *, baseline: bool = False) -> str:
         return f"nodes/{self.name}/{'baseline/' if baseline else ''}{name}"
@@ -509,14 +690,10 @@ def _read(folder: Path, name: str, kind: str, facts: NodeFacts, *, baseline: boo
 def _ethtool_could_have_grown(stats: Any) -> bool:
     """Growth can only exceed the congestion thresholds if the counter is that high now;
     below them the baseline cannot change the verdict, so it is not parsed."""
-    from spikeops.diagnosis.communication import congestion_counter_high
-
     return any(congestion_counter_high(name, value) for name, value in stats.counters.items())
 
 
 def _ib_could_have_grown(counters: Any) -> bool:
-    from spikeops.diagnosis.communication import IB_WATCHED
-
     return any(port.counters.get(name, 0) or port.hw_counters.get(name, 0)
                for port in counters.ports for name in IB_WATCHED)
 
@@ -572,6 +749,16 @@ def load_node(bundle_path: str, node: str) -> NodeFacts:
             if base is not None:
                 facts.smi_base, facts.smi_base_file = base[1], name
         break
+    train = folder / "train.log"
+    if train.is_file():
+        output = read_job_output(train, facts.file("train.log"), node)
+        facts.output.append(output)
+        facts.notes.extend(output.notes)
+    nccl = folder / "nccl.log"
+    if nccl.is_file() and facts.nccl is not None:
+        output = read_job_output(nccl, facts.file("nccl.log"), node, nccl=False)
+        if output.errors is not None and output.errors.events:
+            facts.output.append(output)
     for path in sorted(folder.glob("ethtool-*.txt")):
         got = _read(folder, path.name, "ethtool", facts)
         if got is None:
@@ -610,6 +797,8 @@ class BundleFacts:
     nodes: list[NodeFacts]
     checkpoints: list[Checkpoint] | None
     missing: list[str]
+    #: What the job printed, read for errors: the bundle's ``train.log`` and the nodes' logs.
+    output: list[JobOutput] = field(default_factory=list)
 
     @property
     def path(self) -> Path:
@@ -646,4 +835,10 @@ def load_bundle(path: str | Path, *, workers: int | None = None) -> BundleFacts:
         missing.extend(f"checkpoints.json: {gap.reason}" for gap in parsed.gaps)
     else:
         missing.append("checkpoints.json: absent (no checkpoint to resume from is known)")
-    return BundleFacts(bundle, bundle.incident, metrics, nodes, checkpoints, missing)
+    output: list[JobOutput] = []
+    train = bundle.path / "train.log"
+    if train.is_file():
+        output.append(read_job_output(train, "train.log", None))
+        missing.extend(output[-1].notes)
+    output.extend(item for facts in nodes for item in facts.output)
+    return BundleFacts(bundle, bundle.incident, metrics, nodes, checkpoints, missing, output)

@@ -34,6 +34,8 @@ from spikeops.timeparse import iso
 
 __all__ = [
     "RULES",
+    "hw_printed_errors",
+    "hw_node_failure",
     "hw_gpu_xid",
     "hw_gpu_ecc",
     "hw_ib_link_flap",
@@ -152,7 +154,7 @@ def hw_gpu_xid(ctx: Context) -> list[Finding]:
             continue
         kernels += 1
         events = [(x.pci, x.code, x.info, x) for x in node.kernel.xids]
-        events += [(lost.pci, 79, None, lost) for lost in node.kernel.gpu_lost if lost.reason in ("fallen_off_bus", "init_failed")]
+        events += [(lost.pci, 79, None, lost) for lost in node.kernel.gpu_lost if lost.reason in GONE_REASONS]
         convicting: list[tuple[Any, str]] = []
         weak: list[tuple[Any, str]] = []
         for pci, code, info, event in events:
@@ -171,6 +173,8 @@ def hw_gpu_xid(ctx: Context) -> list[Finding]:
                 continue
             if inside is None:
                 corroboration = _smi_trouble(node, pci) or ("ECC grew" if _memory_grew(ctx, node, pci) else None)
+                if corroboration is None and code == 79 and _no_current_reading(node):
+                    corroboration = "a GPU off the bus stays off until the node is reset, and no GPU reading was collected to show it back"
                 if corroboration:
                     convicting.append((event, f"{where} (time unknown; nvidia-smi now: {clip(corroboration, 120)})"))
                 else:
@@ -209,6 +213,16 @@ def hw_gpu_xid(ctx: Context) -> list[Finding]:
     if kernels and not findings and not application and not history:
         ctx.ruled_out.append(RuledOut("hardware", f"no GPU Xid in the kernel logs of {kernels} node(s)"))
     return findings
+
+
+#: GPU-lost messages that mean the GPU is gone from the bus (read like Xid 79).
+GONE_REASONS = ("fallen_off_bus", "init_failed", "pcie_fatal")
+
+
+def _no_current_reading(node: NodeFacts) -> bool:
+    """No nvidia-smi / NVML reading of the node, and none attempted: nothing collected says
+    the GPU came back (a failed attempt is the collector's trouble to report, not a reading)."""
+    return node.smi is None and not any(name.startswith(("nvidia-smi", "nvml")) for name in node.probes)
 
 
 def _name(code: int) -> str:
@@ -370,8 +384,27 @@ def hw_ib_link_flap(ctx: Context) -> list[Finding]:
     return findings
 
 
+#: Clock-event reasons that mean the hardware slowed the GPU: too hot (HW/SW thermal
+#: slowdown), or the board's power brake (the PSU or the board signalled it cannot feed the
+#: GPU). The software power cap is not one: a GPU under full load sits at its power limit.
+THROTTLE_REASONS = {
+    "hw_thermal_slowdown": "temperature", "sw_thermal_slowdown": "temperature",
+    "hw_power_brake_slowdown": "power (HW power brake)",
+}
+
+
+def _throttle_reasons(gpu: Any) -> list[str]:
+    reasons = getattr(gpu, "clock_event_reasons", None) or {}
+    active = [name for name in THROTTLE_REASONS if reasons.get(name)]
+    if not active and reasons.get("hw_slowdown"):
+        # HW Slowdown alone (older drivers do not say which): thermal or the power brake.
+        active = ["hw_slowdown"]
+    return active
+
+
 def hw_thermal_throttle(ctx: Context) -> list[Finding]:
     hot: dict[str, list[tuple[Any, str]]] = {}
+    kinds: set[str] = set()
     checked = 0
     for node in ctx.reachable:
         if node.smi is None or not node.smi.gpus:
@@ -381,12 +414,15 @@ def hw_thermal_throttle(ctx: Context) -> list[Finding]:
             slowdown = gpu.temperature_thresholds.get("slowdown") if gpu.temperature_thresholds else None
             too_hot = gpu.temperature_c is not None and isinstance(slowdown, int | float) and slowdown > 0 \
                 and gpu.temperature_c >= slowdown
-            if gpu.thermal_throttling or too_hot:
-                active = [k for k in ("hw_thermal_slowdown", "sw_thermal_slowdown") if gpu.clock_event_reasons.get(k)]
+            active = _throttle_reasons(gpu)
+            if active or too_hot:
+                kinds.update(THROTTLE_REASONS.get(name, "temperature or power") for name in active)
+                if too_hot and not active:
+                    kinds.add("temperature")
                 hot.setdefault(node.name, []).append((gpu, ", ".join(active) or f"{gpu.temperature_c} C >= slowdown {slowdown} C"))
     if not hot:
         if checked:
-            ctx.ruled_out.append(RuledOut("hardware", f"no GPU throttling for temperature on {checked} node(s)"))
+            ctx.ruled_out.append(RuledOut("hardware", f"no GPU throttling for temperature or the power brake on {checked} node(s)"))
         return []
     fleet_wide = len(hot) > max(1, checked // 2)
     confidence = 0.55 if ctx.symptom.symptom == "none" else 0.28
@@ -405,7 +441,7 @@ def hw_thermal_throttle(ctx: Context) -> list[Finding]:
                 evidence.append(line)
         findings.append(Finding(
             layer="hardware", cause="thermal_throttle", confidence=confidence,
-            summary=f"{name}: {len(gpus)} GPU(s) throttling for temperature ({gpus[0][1]}"
+            summary=f"{name}: {len(gpus)} GPU(s) throttling for {' and '.join(sorted(kinds)) or 'temperature'} ({gpus[0][1]}"
                     + (f", up to {max(temperatures)} C" if temperatures else "") + ")"
                     + (" on most nodes: the room or the fleet, not this node" if fleet_wide else "")
                     + (f"; the job's throughput fell {slowed[1]:.0%} from step {slowed[0]}" if slowed else "")
@@ -416,9 +452,130 @@ def hw_thermal_throttle(ctx: Context) -> list[Finding]:
     return findings
 
 
+# ----------------------------------------------------------------- what the job printed
+
+
+def _printed(ctx: Context, kinds: tuple[str, ...]) -> dict[str | None, list[tuple[Any, Any]]]:
+    """Hardware errors of the given kinds the job printed, by the node each line ties to
+    (None: the line names none), with the file they came from; errors whose time is outside
+    the window are left out (a line without a time is this run's)."""
+    grouped: dict[str | None, list[tuple[Any, Any]]] = {}
+    for output in ctx.outputs():
+        events = list(output.errors.events) if output.errors is not None else []
+        if output.nccl is not None and "ib_port_error" in kinds:
+            events += [event for event in output.nccl.events if event.kind == "ib_port_error"]
+        for event in events:
+            if getattr(event, "kind", None) not in kinds or ctx.in_window(event.time) is False:
+                continue
+            device = event.device if hasattr(event, "device") else getattr(event, "cuda_dev", None)
+            local_rank = getattr(event, "local_rank", None)
+            if local_rank is None and hasattr(event, "details"):
+                local_rank = event.details.get("local_rank")
+            node = ctx.output_node(output, host=event.host, rank=event.rank, device=device, local_rank=local_rank,
+                                   pci=getattr(event, "pci", None))
+            grouped.setdefault(node, []).append((output, event))
+    for node in ctx.reachable:
+        if node.nccl is not None and "ib_port_error" in kinds:
+            for event in node.nccl.events:
+                if event.kind == "ib_port_error" and ctx.in_window(event.time) is not False:
+                    grouped.setdefault(node.name, []).append((_NodeFile(node.file("nccl.log"), node.name), event))
+    return grouped
+
+
+class _NodeFile:
+    """A node's nccl.log seen as the job's output (for evidence lines)."""
+
+    def __init__(self, file: str, node: str) -> None:
+        self.file, self.node = file, node
+
+
+def _printed_evidence(items: list[tuple[Any, Any]]) -> list[EvidenceLine]:
+    return [EvidenceLine(output.file, event.line, event.text) for output, event in items[:4]]
+
+
+def _printed_finding(ctx: Context, node: str | None, items: list[tuple[Any, Any]], cause: str,
+                     what: str, named: float, unnamed: float) -> Finding:
+    ranks = sorted({event.rank for _, event in items if event.rank is not None})
+    times = [event.time for _, event in items if event.time is not None]
+    onset = ctx.step_at(min(times)) if times else None
+    where = f"on {node}" if node else "on a node the lines do not name (no host, rank or device)"
+    return Finding(
+        layer="hardware", cause=cause, confidence=named if node else unnamed,
+        summary=f"the job printed {what} {where}: {len(items)} line(s), first at "
+                f"{items[0][0].file}:{items[0][1].line}" + ("" if node else "; no node to isolate"),
+        nodes=[node] if node else [], ranks=ranks, step=onset, evidence=_printed_evidence(items),
+        convicts=node is not None, onset_step=onset,
+    )
+
+
+def hw_printed_errors(ctx: Context) -> list[Finding]:
+    """GPU and fabric errors in the job's own output (CUDA's uncorrectable ECC error, an
+    echoed Xid, a GPU lost, an IB port that went down): the hardware layer's evidence like the
+    node-side probes; the node is a culprit when the line (or its file) ties it to one."""
+    findings: list[Finding] = []
+    for node, items in _printed(ctx, ("ecc_uncorrectable",)).items():
+        findings.append(_printed_finding(ctx, node, items, "gpu_ecc", "an uncorrectable ECC error", 0.88, 0.6))
+    for node, items in _printed(ctx, ("xid", "gpu_lost")).items():
+        kept = []
+        for output, event in items:
+            code = getattr(event, "code", None)
+            info = None if code is None else _lookup(code)
+            if code is not None and (code in APPLICATION_CLASS or not info.implicates_gpu):
+                ctx.ruled_out.append(RuledOut("hardware", f"Xid {code} printed in {output.file}:{event.line} "
+                                                          "points at the application, not the GPU"))
+                continue
+            kept.append((output, event))
+        if kept:
+            codes = sorted({event.code for _, event in kept if getattr(event, "code", None) is not None})
+            what = f"Xid {', '.join(map(str, codes))}" if codes else "a GPU lost from the bus"
+            findings.append(_printed_finding(ctx, node, kept, "gpu_xid", what, 0.9, 0.55))
+    for node, items in _printed(ctx, ("ib_port_error",)).items():
+        findings.append(_printed_finding(ctx, node, items, "ib_link_flap", "an InfiniBand port error", 0.8, 0.7))
+    return findings
+
+
+def _lookup(code: int) -> Any:
+    from spikeops.probes.xid_catalog import lookup
+
+    return lookup(code)
+
+
+def hw_node_failure(ctx: Context) -> list[Finding]:
+    """A node that failed under the job (the scheduler says so), or that the collector could
+    not reach while its peers answered: a finding about that node in the hardware layer. It
+    says something happened to the node, not what: it convicts nobody (the spec's rules need
+    the fault itself), and it tells what to collect from the node."""
+    findings = []
+    for node, items in _printed(ctx, ("node_failure",)).items():
+        named = [(o, e) for o, e in items if e.host]
+        if not named:
+            continue
+        hosts = sorted({e.host for _, e in named})
+        findings.append(Finding(
+            layer="hardware", cause="inconclusive", confidence=0.35,
+            summary=f"the scheduler reports a node failure on {', '.join(hosts)}: nothing read says which part "
+                    "failed (collect its kernel log and nvidia-smi -q); not enough to isolate it",
+            nodes=[node] if node else [], evidence=_printed_evidence(named),
+        ))
+    answered = [node for node in ctx.nodes if not node.unreachable]
+    if answered:
+        for node in ctx.nodes:
+            if node.unreachable:
+                findings.append(Finding(
+                    layer="hardware", cause="inconclusive", confidence=0.3,
+                    summary=f"{node.name} could not be reached while {len(answered)} peer(s) answered: the node may "
+                            "have failed (check it out of band); nothing from it could be read, so it is not isolated",
+                    nodes=[node.name],
+                    evidence=[EvidenceLine(node.file("probes.json"), None, "every probe: unreachable")],
+                ))
+    return findings
+
+
 RULES: tuple[Callable[[Context], list[Finding]], ...] = (
     hw_gpu_xid,
     hw_gpu_ecc,
     hw_ib_link_flap,
     hw_thermal_throttle,
+    hw_printed_errors,
+    hw_node_failure,
 )

@@ -10,13 +10,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from spikeops.vocabulary import LAYER_OF, LAYERS, SYMPTOMS
+from spikeops.vocabulary import LAYER_OF, LAYERS
+from spikeops.vocabulary import SYMPTOMS as _SYMPTOMS
 
 __all__ = [
     "DIAGNOSIS_FORMAT",
     "LAYERS",
     "CAUSES",
     "SYMPTOMS",
+    "INCONCLUSIVE_LAYERS",
     "EvidenceLine",
     "Finding",
     "RuledOut",
@@ -25,8 +27,16 @@ __all__ = [
 
 DIAGNOSIS_FORMAT = "spikeops-diagnosis/1"
 
-#: The spec's cause table: cause -> layer (shared with the simulator: spikeops.vocabulary).
-CAUSES: dict[str, str] = LAYER_OF
+#: The spec's cause table: cause -> layer (shared with the simulator: spikeops.vocabulary,
+#: which generates incidents for the causes a generator can plant), plus ``inconclusive``:
+#: the answer when no rule holds and the evidence to judge is missing.
+CAUSES: dict[str, str] = {**LAYER_OF, "inconclusive": "none"}
+#: The spec's symptoms, ``unknown`` (no step metrics could be judged) included.
+SYMPTOMS: tuple[str, ...] = (*_SYMPTOMS, *(() if "unknown" in _SYMPTOMS else ("unknown",)))
+#: Layers whose evidence can be inconclusive about a node (it failed, or could not be read,
+#: and nothing says which part): an extension, documented in docs/diagnosis.md. Such a
+#: finding never convicts and is never the primary cause.
+INCONCLUSIVE_LAYERS = ("none", "hardware")
 
 
 @dataclass(frozen=True)
@@ -59,6 +69,8 @@ class Finding:
     history: bool = False
 
     def __post_init__(self) -> None:
+        if self.cause == "inconclusive" and self.layer in INCONCLUSIVE_LAYERS:
+            return
         if CAUSES.get(self.cause) != self.layer:
             raise ValueError(f"cause {self.cause!r} is not in layer {self.layer!r}")
 

@@ -13,7 +13,8 @@ import numpy as np
 import pandas as pd
 
 from spikeops.diagnosis.context import Context
-from spikeops.diagnosis.model import Finding, RuledOut
+from spikeops.diagnosis.model import EvidenceLine, Finding, RuledOut
+from spikeops.thresholds import ABSURD_LR
 
 __all__ = ["RULES", "numeric_grad_explosion", "numeric_lr_too_high", "numeric_loss_scale_collapse"]
 
@@ -53,7 +54,30 @@ def numeric_grad_explosion(ctx: Context) -> list[Finding]:
     )]
 
 
+def _absurd_lr(ctx: Context) -> list[Finding]:
+    """A learning rate above ABSURD_LR: a configuration error whatever the loss does (no
+    Adam schedule goes there; the relative rules see a flat LR and call it healthy)."""
+    lr = ctx.metrics.frame["lr"].dropna()
+    high = lr[lr > ABSURD_LR]
+    if not len(high):
+        return []
+    step = int(high.index[0])
+    anomalous = ctx.symptom.symptom not in ("none", "unknown")
+    line = ctx.metric_line(step, "learning rate above 1")
+    return [Finding(
+        layer="numeric", cause="lr_too_high", confidence=0.78 if anomalous else 0.55,
+        summary=f"the learning rate is {float(high.iloc[0]):.4g} at step {step}, above {ABSURD_LR:g}: no optimizer "
+                "schedule for this kind of training goes there (check the configured LR)"
+                + (f"; the loss is anomalous ({ctx.symptom.symptom.replace('_', ' ')})" if anomalous else ""),
+        step=step, evidence=[line] if line else [], onset_step=step,
+    )]
+
+
 def numeric_lr_too_high(ctx: Context) -> list[Finding]:
+    if ctx.metrics is not None and len(ctx.metrics.frame):
+        absurd = _absurd_lr(ctx)
+        if absurd:
+            return absurd
     if ctx.metrics is None or ctx.spike is None:
         return []
     lr = ctx.metrics.frame["lr"]
@@ -64,6 +88,11 @@ def numeric_lr_too_high(ctx: Context) -> list[Finding]:
     window = lr.iloc[max(0, spike_pos - LR_NEAR): spike_pos + 1].dropna()
     ratios = (window / window.shift(1)).dropna()
     jumps = ratios[(ratios > LR_JUMP)]
+    # A warmup's steps are not a schedule change: the LR rising monotonically from the first
+    # logged value up to the jump is the warmup itself.
+    history = lr.dropna()
+    rising = (history.diff().fillna(0) >= 0).cummin()
+    jumps = jumps[[not bool(rising.get(step, False)) for step in jumps.index]]
     reason = None
     step = None
     if len(jumps):
@@ -125,13 +154,89 @@ def _calibration_end(scale: pd.Series) -> int:
     return end + 1 if end >= 2 else 0
 
 
+#: Scalers start this high (2^16..2^32) and halve on the first overflows until they fit: a
+#: fall from here at the very start of a log, not down to the floor, is that calibration.
+CALIBRATION_START = 2.0 ** 16
+
+
+def _scale_chain(events: list) -> list[tuple[float, object]]:
+    """(scale after, event) for each scaler line, in file order; an ``attempted`` that
+    differs from the scale before starts from it (a line missed between two)."""
+    chain: list[tuple[float, object]] = []
+    for event in events:
+        if event.attempted is not None and (not chain or chain[-1][0] != event.attempted):
+            chain.append((float(event.attempted), event))
+        if event.reduced_to is not None:
+            chain.append((float(event.reduced_to), event))
+        elif event.minimum and chain:
+            chain.append((chain[-1][0], event))
+    return chain
+
+
+def _collapse_from_lines(ctx: Context) -> list[Finding]:
+    """The collapse read from the scaler's own lines: the last unbroken fall (no growth in
+    between) down to the lowest scale, in halvings; at its floor (at minimum, stuck at 1 with
+    overflows continuing, or below 1) it is a collapse however short the fall."""
+    events = list(getattr(ctx.metrics, "overflows", []) or [])
+    chain = _scale_chain(events)
+    minimum = [event for event in events if event.minimum]
+    if len(chain) < 2 and minimum:
+        # The scaler's own word that it hit its floor (DeepSpeed exits on it): the collapse,
+        # even when no overflow line before it made it into the log.
+        last = minimum[-1]
+        return [Finding(
+            layer="numeric", cause="loss_scale_collapse", confidence=0.8,
+            summary="the fp16 loss scaler reached its minimum and cannot decrease any more: repeated overflows "
+                    "collapsed the loss scale",
+            step=getattr(last, "step", None), evidence=[EvidenceLine(ctx.metrics.file, last.line, last.text)],
+            onset_step=getattr(last, "step", None),
+        )]
+    if len(chain) < 2:
+        return []
+    values = [value for value, _ in chain]
+    low_index = min(range(len(values)), key=lambda index: (values[index], -index))
+    start = low_index
+    while start > 0 and values[start - 1] >= values[start]:
+        start -= 1
+    high, low = values[start], values[low_index]
+    falls = [event for (value, event), (before, _) in zip(chain[start + 1:low_index + 1], chain[start:low_index])
+             if value < before]
+    halvings = round(math.log2(high / low)) if low > 0 and high > 0 else 0
+    at_floor = any(event.minimum for _, event in chain) or low < 1 \
+        or sum(1 for event in events if event.attempted == 1 and event.reduced_to == 1) >= 2
+    steps_before = ctx.metrics.frame.index
+    first_event = chain[start][1]
+    at_start = start == 0 and (not len(steps_before) or getattr(first_event, "step", None) is None
+                               and first_event.line < int(ctx.metrics.frame["line"].min()))
+    if at_start and high >= CALIBRATION_START and not at_floor:
+        ctx.ruled_out.append(RuledOut("numeric", f"the loss scale fell from {high:g} to {low:g} at the start of "
+                                                 "the log: the scaler's start-up calibration, not a collapse"))
+        return []
+    if not at_floor and (halvings < 3 or low / high > 0.1):
+        ctx.ruled_out.append(RuledOut("numeric", f"loss scale did not collapse (the scaler's lines: {high:g} to {low:g})"))
+        return []
+    confidence = 0.8 if at_floor or low / high <= 0.01 else 0.65
+    file = ctx.metrics.file
+    cited = (falls or [chain[low_index][1]])
+    evidence = [EvidenceLine(file, event.line, event.text) for event in (cited[:2] + cited[-1:] if len(cited) > 3 else cited)]
+    if minimum:
+        evidence.append(EvidenceLine(file, minimum[-1].line, minimum[-1].text))
+    step = getattr(cited[0], "step", None)
+    return [Finding(
+        layer="numeric", cause="loss_scale_collapse", confidence=confidence,
+        summary=f"the fp16 loss scale fell from {high:g} to {low:g} over {len(falls)} overflow line(s) "
+                f"({halvings} halving(s))" + ("; the scaler reached its floor" if at_floor else ""),
+        step=step, evidence=evidence, onset_step=step,
+    )]
+
+
 def numeric_loss_scale_collapse(ctx: Context) -> list[Finding]:
     if ctx.metrics is None:
         return []
     frame = ctx.metrics.frame
     scale = frame["loss_scale"].dropna()
     if len(scale) < 3 or scale.nunique() <= 1:
-        return []
+        return _collapse_from_lines(ctx)
     scale = scale.iloc[_calibration_end(scale):]
     if len(scale) < 2:
         return []

@@ -36,6 +36,8 @@ def describe_action(action: dict[str, Any]) -> str:
         return f"keep training and observe {action.get('steps')} more steps"
     if kind == "lr_test":
         return f"test {action.get('factor')}x LR"
+    if kind == "collect_evidence":
+        return "collect " + "; ".join(action.get("what") or ["more evidence"])
     text = kind.replace("_", " ")
     return f"{text} {details}" if details else text
 
@@ -50,7 +52,8 @@ def render(diagnosis: Diagnosis, stream: TextIO, *, width: int | None = None) ->
         steps.append(f"onset at step {diagnosis.onset_step}")
     console.print(Text.assemble(("symptom: ", "bold"), diagnosis.symptom.replace("_", " "),
                                 (f" ({', '.join(steps)})" if steps else "")))
-    console.print(Text.assemble(("cause:   ", "bold"), (f"{primary.cause}", "bold red" if primary.cause != "false_alarm" else "bold green"),
+    colour = {"false_alarm": "bold green", "inconclusive": "bold yellow"}.get(primary.cause, "bold red")
+    console.print(Text.assemble(("cause:   ", "bold"), (f"{primary.cause}", colour),
                                 f" [{primary.layer} layer, confidence {primary.confidence:.2f}]"))
     console.print(Text.assemble(("         ", ""), primary.summary))
     console.print(Text.assemble(("culprits: ", "bold"), f"nodes {fold_nodes(diagnosis.culprit_nodes)}",

@@ -57,7 +57,7 @@ __all__ = [
 #: Names of the timestamp forms, as reported in ``KernelLog.format``.
 FORMATS = ("dmesg-iso", "dmesg-ctime", "dmesg", "journal", "syslog", "bare")
 #: The stable ``GpuLostEvent.reason`` values.
-GPU_LOST_REASONS = ("fallen_off_bus", "probe_failed", "reset_required", "crash_dump", "init_failed")
+GPU_LOST_REASONS = ("fallen_off_bus", "probe_failed", "reset_required", "crash_dump", "init_failed", "pcie_fatal")
 
 #: A joined record longer than this stops growing: no kernel message is that long, garbage is.
 _MAX_RECORD_CHARS = 4096
@@ -170,6 +170,9 @@ _CTIME = re.compile(
     r"^\[(?P<ts>[A-Z][a-z]{2} [A-Z][a-z]{2} +\d{1,2} \d{2}:\d{2}:\d{2}(?:\.\d+)? \d{4})\](?:\s(?P<msg>.*))?$"
 )
 _UPTIME = re.compile(r"^\[\s*(?P<up>\d{1,12}\.\d{1,9})\](?:\[\s*[TC]\d+\])?(?:\s(?P<msg>.*))?$")
+#: ``dmesg --reltime``/``-H``/``--delta``: ``[  +0.000844]`` is the gap since the previous
+#: message (or ``[Jan 3 07:39] `` with -H): no wall-clock time, read like plain dmesg.
+_RELTIME = re.compile(r"^\[\s*\+\s*\d{1,12}\.\d{1,9}\](?:\s(?P<msg>.*))?$")
 _SYSLOG = re.compile(
     r"^(?P<ts>(?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec) +\d{1,2} \d{2}:\d{2}:\d{2})"
     r"(?:\.(?P<frac>\d{1,9}))?\s+(?P<host>\S+)\s+(?P<ident>[^\s:\[]+)(?:\[\d+\])?:(?:\s(?P<msg>.*))?$"
@@ -236,6 +239,9 @@ def _read_stamp(body: str) -> _Stamp:
     match = _UPTIME.match(body)
     if match:
         return _Stamp("dmesg", (match["msg"] or "").strip(), uptime=_uptime(match["up"]))
+    match = _RELTIME.match(body)
+    if match:
+        return _Stamp("dmesg", (match["msg"] or "").strip())
     match = _SYSLOG.match(body)
     if match:
         message, uptime = _kernel_message((match["msg"] or "").strip())
@@ -309,6 +315,11 @@ _ANY_PCI = re.compile(rf"(?<![0-9A-Za-z])(?P<pci>{_PCI})(?:\.[0-7])?(?![0-9A-Za-
 _PROBE_FAILED = (
     re.compile(rf"^nvidia: probe of (?P<pci>{_PCI})(?:\.[0-7])? failed with error -?\d+"),
     re.compile(rf"^nvidia (?P<pci>{_PCI})(?:\.[0-7])?: probe with driver nvidia failed with error -?\d+"),
+)
+#: The PCIe error handler giving up on a GPU after an uncorrected (fatal) error: the AER core
+#: found no recovery callback in the nvidia driver, so the GPU stays off the bus until reset.
+_PCIE_FATAL = re.compile(
+    rf"^nvidia (?P<pci>{_PCI})(?:\.[0-7])?: (?:AER: can'?t recover|device has no AER-aware driver)"
 )
 #: NVRM messages that mean a GPU is gone, in the order they are tried.
 _LOST_RULES: tuple[tuple[str, re.Pattern[str]], ...] = (
@@ -384,7 +395,7 @@ _FULL_READ_LINES = 2000
 
 
 def _could_matter(raw: str, pending: bool) -> bool:
-    if "NVRM" in raw or "Xid" in raw or "probe" in raw:
+    if "NVRM" in raw or "Xid" in raw or "probe" in raw or "AER" in raw:
         return True
     # An indented (possibly quoted) line may continue the pending record.
     return pending and (raw[:1].isspace() or raw.startswith(">"))
@@ -626,6 +637,9 @@ def _lost_reason(message: str) -> tuple[str | None, str | None]:
             match = pattern.match(message)
             if match:
                 return "probe_failed", normalize_pci(match["pci"])
+        match = _PCIE_FATAL.match(message)
+        if match:
+            return "pcie_fatal", normalize_pci(match["pci"])
     if not message.startswith("NVRM:"):
         return None, None
     for reason, pattern in _LOST_RULES:
@@ -654,6 +668,7 @@ def parse(source: LineSource, *, boot_time: datetime | None = None, year: int | 
 _DETECT_STAMP = re.compile(
     r"^(?:\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2},\d{6}[+-]\d{2}:\d{2}\s"  # dmesg --time-format iso
     r"|\[\s*\d+\.\d{6}\](?:\[\s*[TC]\d+\])?\s"  # dmesg
+    r"|\[\s*\+\s*\d+\.\d{6}\]\s"  # dmesg --reltime / --delta
     r"|\[[A-Z][a-z]{2} [A-Z][a-z]{2} +\d{1,2} \d{2}:\d{2}:\d{2} \d{4}\]\s"  # dmesg -T
     r"|\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(?:\.\d+)?(?:[+-]\d{2}:?\d{2}|Z)?\s+\S+\s+kernel:\s"  # journal
     r"|[A-Z][a-z]{2} +\d{1,2} \d{2}:\d{2}:\d{2}(?:\.\d+)?\s+\S+\s+kernel:\s)"  # syslog

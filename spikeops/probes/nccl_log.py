@@ -35,6 +35,7 @@ from spikeops.timeparse import parse_iso
 
 __all__ = [
     "REMOTE", "REMOTE_VERSION",
+    "strip_launcher",
     "EVENT_KINDS",
     "NcclEvent",
     "NcclProcess",
@@ -58,6 +59,7 @@ MAX_EVENTS = base.MAX_EVENTS
 EVENT_KINDS: tuple[str, ...] = (
     "warn",
     "ib_completion_error",
+    "ib_port_error",
     "system_error",
     "internal_error",
     "invalid_usage",
@@ -233,6 +235,12 @@ _NCCL_MID = re.compile(
     r"(?:\s+\((?P<func>[^)]*)\))?\s*$"
 )
 _NCCL_START = re.compile(r"^[^\s:\[\]]+:\d+:\d+ \[-?\d+\]")
+#: An NCCL line as people quote it, without the ``host:pid:tid [dev]`` prefix (an issue, a
+#: chat, a log that was grepped with -h): ``NCCL WARN NET/IB : Got async event : port error``.
+_NCCL_LOOSE = re.compile(
+    r"^(?:[^\s:]{0,80}:\d+:\d+\s+)?(?:\[-?\d{1,6}\]\s+)?(?:\S+:\d+\s+)?"
+    r"NCCL (?P<level>INFO|WARN|ERROR|ABORT)\b ?(?P<msg>.*)$"
+)
 _NCCL_LEVEL = re.compile(r"\bNCCL (?:INFO|WARN|ERROR)\b")
 _BARE_VERSION = re.compile(r"NCCL version:?\s*(\S+)\s*")
 _ANY_VERSION = re.compile(
@@ -313,6 +321,16 @@ def _strip(line: str, year: int | None) -> _Line:
     return _Line(body=rest, tag="|".join(tags), **found)
 
 
+def strip_launcher(line: str, year: int | None = None) -> tuple[str, dict[str, Any]]:
+    """A log line without its launcher, stamp and glog prefixes, and what they said: ``task``
+    (srun -l), ``rank`` ([rankN]:), ``local_rank`` ([defaultN]:), ``time``, ``stamp``. Shared
+    with the other readers of the job's own output, which see the same wrappers."""
+    peeled = _strip(line, year)
+    said = {name: getattr(peeled, name) for name in ("task", "rank", "local_rank", "time", "stamp")
+            if getattr(peeled, name) is not None}
+    return peeled.body, said
+
+
 # --------------------------------------------------------------------------------------
 # Event rules
 # --------------------------------------------------------------------------------------
@@ -327,6 +345,15 @@ _RULES: tuple[tuple[str, re.Pattern[str], bool], ...] = (
     (
         "ib_completion_error",
         re.compile(r"Got completion from peer|Got CQE with error|\bIBV_WC_[A-Z_]*ERR\b"),
+        False,
+    ),
+    (
+        # The HCA's own asynchronous events: the port (the cable, the switch port) went bad.
+        "ib_port_error",
+        re.compile(
+            r"Got async event\s*:\s*(?:port error|link (?:down|error)|port (?:down|inactive))"
+            r"|\bIBV_EVENT_(?:PORT_ERR|LINK_DOWN)\b"
+        ),
         False,
     ),
     (
@@ -602,8 +629,8 @@ class _PendingWarn:
     raw: str
     message: str
     prefixed: _Line
-    host: str
-    pid: int
+    host: str | None
+    pid: int | None
     cuda_dev: int | None
     rank_hint: int | None
     source: str | None
@@ -784,7 +811,15 @@ class _Reader:
             self.recognised += 1
             self.nccl_line(number, raw, nccl, prefixed)
             return
-        if _NCCL_START.match(body) or _NCCL_LEVEL.search(body):
+        if _NCCL_START.match(body):
+            self.log.gaps.append(Gap(f"unreadable NCCL line: {body[:80]!r}", number))
+            return
+        loose = _NCCL_LOOSE.match(body)
+        if loose:
+            self.recognised += 1
+            self.loose_line(number, raw, loose, prefixed)
+            return
+        if _NCCL_LEVEL.search(body):
             self.log.gaps.append(Gap(f"unreadable NCCL line: {body[:80]!r}", number))
             return
         bare = _BARE_VERSION.fullmatch(body)
@@ -811,6 +846,20 @@ class _Reader:
             )
             return
         self.read_info(proc, match["msg"])
+
+    def loose_line(self, number: int, raw: str, match: re.Match[str], prefixed: _Line) -> None:
+        """An NCCL line without its process prefix: no host or pid, but the same message (a
+        WARN still waits one line for its wrapped tail; an INFO may state the version)."""
+        message = match["msg"]
+        if match["level"] in ("WARN", "ERROR", "ABORT"):
+            self.pending = _PendingWarn(
+                number=number, raw=raw, message=message, prefixed=prefixed, host=None, pid=None,
+                cuda_dev=None, rank_hint=prefixed.rank, source=None, func=None,
+            )
+            return
+        version = _BARE_VERSION.fullmatch(message.strip())
+        if version:
+            self.add_version(version[1], self.last_process_by_tag.get(prefixed.tag, ""))
 
     def other_line(self, number: int, raw: str, body: str, prefixed: _Line) -> None:
         """PyTorch and launcher lines: versions, exceptions, desync reports, stack frames."""
@@ -1047,7 +1096,7 @@ def detect(sample: str) -> float:
     nccl = torch = training = kernel = bare = 0
     for line in lines:
         body = _strip(line, None).body.strip()
-        if _NCCL.match(body):
+        if _NCCL.match(body) or _NCCL_LOOSE.match(body):
             nccl += 1
         elif _BARE_VERSION.fullmatch(body):
             bare += 1

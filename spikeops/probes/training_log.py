@@ -134,6 +134,12 @@ class StepRecord:
     #: Megatron's per-interval counters, raw.
     skipped_iterations: int | None = None
     nan_iterations: int | None = None
+    #: The line's format prints a loss on every training step, this line has none, and
+    #: nothing says the step was skipped: Megatron leaves ``lm loss`` out when its average is
+    #: NaN (``if avg > 0.0`` is False for NaN). The diagnosis reads it as a non-finite loss.
+    loss_missing: bool = False
+    #: ``ppl``/``perplexity`` as printed (an infinite perplexity is an absurd loss).
+    perplexity: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,6 +170,11 @@ class OverflowEvent:
     reduced_to: float | None
     rank: int | None = None
     text: str = ""
+    #: The step it happened in, when the log tells (a progress bar before it); else None.
+    step: int | None = None
+    #: The scaler said it cannot go lower (DeepSpeed's ``Current loss scale already at
+    #: minimum``, fairseq's ``Minimum loss scale reached``): the run stops on overflow.
+    minimum: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -280,8 +291,14 @@ _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 _DATE = re.compile(
     r"(\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}:\d{2}(?:[.,]\d+)?(?:Z|\s?UTC|[+-]\d{2}:?\d{2})?)"
 )
-_MEGATRON = re.compile(r"\biteration\s+(?P<step>\d{1,18})\s*/\s*(?P<total>\d+)\s*\|")
-_OVERFLOW = re.compile(r"(?:overflow!|gradient overflow\.).*?skipping step", re.I)
+_MEGATRON = re.compile(r"\biteration:?\s+(?P<step>\d{1,18})\s*/\s*(?P<total>\d+)\s*\|")
+_OVERFLOW = re.compile(r"(?:overflow!|gradient overflow\.|overflow detected\.).*?skipping step", re.I)
+#: DeepSpeed's fused optimizer: ``Reducing dynamic loss scale from 1 to 1``; MindSpore's
+#: ``overflow, still update, loss scale adjust to 1024.0`` (the step is applied anyway).
+_SCALE_CHANGE = re.compile(
+    rf"Reducing dynamic loss scale from\s*(?P<a>{_NUM})\s*to\s*(?P<b>{_NUM})|overflow, still update, loss scale adjust to\s*(?P<c>{_NUM})",
+    re.I,
+)
 _ATTEMPTED = re.compile(rf"Attempted loss scale:\s*(?P<v>{_NUM}){_NUM_END}", re.I)
 _REDUCED = re.compile(rf"reducing (?:loss scale )?to\s*(?P<v>{_NUM}){_NUM_END}", re.I)
 _RANK = re.compile(r"\bRank (\d{1,18})\b")
@@ -297,18 +314,65 @@ _DS_STEPS = re.compile(
     re.I,
 )
 _ELISION = re.compile(r"^\s*(?:\d+:\s*)?(?:\[\s*(?:\.\.\.|…)\s*\]|\.{3,}|…)\s*$")
-_EVAL = re.compile(r"(?<![a-z])(?:val|valid|validation|eval|evaluation|test)[\s_/-]*loss", re.I)
+#: A word that makes a loss an evaluation's, when it comes before the loss key on the line
+#: (``Evaluation result for step 5: loss = 2.1``, ``valid loss at iteration 7000``).
+_EVAL_WORD = re.compile(r"(?<![A-Za-z])(?:eval(?:uation)?|validation|valid|val|test(?:ing)?|dev)(?![A-Za-z])", re.I)
+#: The parts of a loss key that make it not a training loss.
+_EVAL_PARTS = frozenset({"val", "valid", "validation", "eval", "evaluation", "test", "dev", "scale"})
+#: A step's number, by keyword; ``num_updates`` (fairseq, metaseq) and ``global_step`` name
+#: the optimizer step even where an epoch or a micro-batch counter is printed too.
 _GEN_STEP = re.compile(
-    r"(?<![\w.-])(?:global[_ ]?step|steps?|iter(?:ation)?|batch)\b\s*[:=#]?\s*(?P<step>\d{1,18})"
+    r"(?<![\w.-])(?P<key>global[_ ]?step|num_updates|steps?|iter(?:ation)?|batch)\b\s*[:=#]?\s*(?P<step>\d{1,18})"
     r"(?:\s*/\s*\d+)?(?!\d|\.\d)",
     re.I,
 )
-_GEN_LOSS = re.compile(
-    rf"(?<![\w.-])(?:lm[_ ]|train(?:ing)?[_ /])?loss\b\s*[:=]?\s*(?P<v>{_NUM}){_NUM_END}", re.I
+#: ``(epoch, step)`` as some loggers print it (``LOG ... - (0, 14) step_loss : 11.25``).
+_TUPLE_STEP = re.compile(r"(?<![\w.])\(\s*\d{1,9}\s*,\s*(?P<step>\d{1,18})\s*\)")
+#: A table row that starts with the step (``1220 | loss 3.2969 | lr 2.64e-04 | 13880ms``,
+#: Keras' ``  12/102 [====>....] - loss: 0.62``).
+_LEADING_STEP = re.compile(r"^\s*(?P<step>\d{1,12})(?:\s*\||/\d{1,12}\s+\[)")
+#: A bare two-column table of step and loss (``76930 2.6496577``, ``76980 nan``): the whole
+#: line is the two numbers, the first a whole one.
+_BARE_PAIR = re.compile(rf"^\s*(?P<step>\d{{1,12}})\s+(?P<v>{_NUM})\s*$", re.I)
+#: mmengine (MMDetection, XTuner...): ``Epoch(train) [1][200/735]`` or ``Iter(train) [200/40000]``.
+_MMENGINE_STEP = re.compile(r"\b(?:Epoch\((?:train)\)\s*\[(?P<epoch>\d{1,9})\]\[\s*(?P<i>\d{1,12})/(?P<n>\d{1,12})\]"
+                            r"|Iter\((?:train)\)\s*\[\s*(?P<iter>\d{1,12})/\d{1,12}\])")
+#: A step counted within its epoch (``Epoch [2/10], Step [100/600], Loss: ...``, timm's
+#: ``Epoch: [3]  [ 100/1251]``, PyTorch's MNIST ``Train Epoch: 1 [2560/60000 (4%)]``): read as
+#: a global count, so the next epoch is not a restart.
+_EPOCH_STEP = re.compile(
+    r"\bEpoch\b[:\s]*\[?\s*(?P<epoch>\d{1,9})(?:\s*/\s*\d{1,9})?\s*\]?[,\s|:-]*"
+    r"(?:(?:Step|Iter(?:ation)?|Batch)\b[:\s]*)?\[\s*(?P<i>\d{1,12})\s*/\s*(?P<n>\d{1,12})"
+    r"|\bEpoch\b[:\s]*\[?\s*(?P<epoch2>\d{1,9})(?:\s*/\s*\d{1,9})?\s*\]?[,\s|:-]*"
+    r"(?:Step|Iter(?:ation)?|Batch)\b[:\s]*(?P<i2>\d{1,12})\s*/\s*(?P<n2>\d{1,12})",
+    re.I,
+)
+#: Keras prints ``Epoch 65/1000`` on its own line and the epoch's loss on the bar after it.
+_EPOCH_HEADER = re.compile(r"^\s*Epoch\s+(?P<epoch>\d{1,9})/\d{1,9}\s*$")
+#: tqdm's bar (``380/2724 [14:02:33<86:01:24, 132.12s/it]``): steps completed so far.
+_PROGRESS = re.compile(r"(?<![\d/.])(?P<done>\d{1,12})/(?P<total>\d{1,12})\s*\[(?:\d|\?)")
+#: A loss by any of the names loops give it: ``loss``, ``lm loss``, ``train/loss``,
+#: ``total_loss``, ``per_token_loss``, ``step_loss``, ``average_loss``, ``loss_avg``...
+_LOSS_ANY = re.compile(
+    rf"(?<![\w.-])(?P<key>(?:[A-Za-z][A-Za-z0-9]*[ _/]){{0,2}}loss(?:[_ ](?:avg|mean|value|net))?)(?![\w-])"
+    rf"\s*[:=]?\s*\[?\s*(?P<v>{_NUM})(?:(?![\w.])|(?=\.(?:\s|$)))",
+    re.I,
+)
+_PPL = re.compile(rf"(?<![\w.-])(?:ppl|perplexity)\b\s*[:=]?\s*(?P<v>{_NUM}){_NUM_END}", re.I)
+#: A non-finite loss announced in words, with no step (TensorFlow's ``Model diverged with
+#: loss = NaN.``, ``Loss is nan, stopping training``).
+_NAN_MESSAGE = re.compile(
+    r"diverged with loss\s*=\s*nan|\bloss\s+(?:is|became|becomes|=|:)\s*(?:nan|inf)\b|\bnan loss\b", re.I
+)
+#: fairseq / metaseq: ``| WARNING: overflow detected, setting loss scale to: 0.25``.
+_FAIRSEQ_OVERFLOW = re.compile(rf"overflow detected, setting loss scale to:?\s*(?P<v>{_NUM})", re.I)
+#: The scaler at its floor: the run stops on the next overflow.
+_SCALE_MINIMUM = re.compile(
+    rf"loss scale already at minimum|minimum loss scale reached(?:\s*\(\s*(?P<v>{_NUM})\s*\))?", re.I
 )
 _GEN_LR = re.compile(rf"(?<![\w.-])(?:lr|learning[_ ]rate)\b\s*[:=]?\s*\[?\s*(?P<v>{_NUM}){_NUM_END}", re.I)
 _GEN_GRAD = re.compile(
-    rf"(?<![\w.-])(?:grad(?:ient)?[_ -]?norm|gnorm)\b\s*[:=]?\s*(?P<v>{_NUM}){_NUM_END}", re.I
+    rf"(?<![\w.-])(?:grad(?:ient)?[_ -]?norm|gnorm|grad_l2_norm)\b\s*[:=]?\s*(?P<v>{_NUM}){_NUM_END}", re.I
 )
 _GEN_SCALE = re.compile(rf"(?<![\w.-])loss[_ ]scale\b\s*[:=]?\s*(?P<v>{_NUM}){_NUM_END}", re.I)
 _GEN_SPEED = re.compile(
@@ -420,6 +484,15 @@ class _Builder:
         self.zero_grad_first: int | None = None
         self.ds_skipped: int | None = None
         self.last_tag: str | None = None
+        #: A record wrapped over physical lines: (first line, text so far, pieces).
+        self.wrap: tuple[int, str, int] | None = None
+        #: Steps done by the latest training progress bar (the bar with the largest total:
+        #: evaluation bars count other things).
+        self.progress_done: int | None = None
+        self.progress_total = 0
+        self.progress_fresh = False
+        #: The epoch a Keras ``Epoch N/M`` header line announced (the step of its bar line).
+        self.epoch: int | None = None
 
     def gap(self, reason: str, line: int | None) -> None:
         if len(self.gaps) < MAX_EVENTS:
@@ -427,9 +500,35 @@ class _Builder:
         else:
             self.dropped_gaps += 1
 
+    def progress(self, bar: re.Match[str]) -> int | None:
+        """Take a tqdm bar's count; returns the steps done (None for an evaluation's bar)."""
+        total = int(bar["total"])
+        if total >= self.progress_total:
+            self.progress_total = total
+            self.progress_done = int(bar["done"])
+            self.progress_fresh = True
+            return self.progress_done
+        return None
+
+    def bar_step(self) -> int | None:
+        """The step of a record that prints none, from the progress bar: the bar's count when
+        it moved since the last record; the step after the last one when it did not (still
+        counted as invented: ``step_is_ordinal``); None without a bar."""
+        if self.progress_done is None:
+            return None
+        if self.progress_fresh:
+            self.progress_fresh = False
+            return self.progress_done
+        last = self.records[-1].step if self.records else self.progress_done
+        self.ordinal += 1
+        return last + 1
+
     def add(self, record: StepRecord, tag: str | None = None) -> None:
         """Store a step; a DeepSpeed overflow seen since the last step marks this one skipped,
-        dates it and supplies its loss scale when the line has none."""
+        dates it and supplies its loss scale when the line has none (unless the overflow's own
+        step is known and is another one)."""
+        if self.pending is not None and self.pending.step not in (None, record.step):
+            self.pending = None
         if self.pending is not None:
             record.skipped = True
             if record.loss_scale is None:
@@ -443,29 +542,58 @@ class _Builder:
         if last is not None and last.step == record.step and (last.source != record.source or other_rank):
             self.records[-1] = _merge(last, record)
             return
-        if last is not None and record.step <= last.step and len(self.restarts) < MAX_EVENTS:
+        if last is not None and last.step == record.step:
+            # The same step printed again by the same kind of line (a progress bar's updates, a
+            # logger that repeats its last entry): one step, the later line's values.
+            self.records[-1] = _merge(record, last)
+            self.last_tag = tag
+            return
+        if last is not None and record.step < last.step and len(self.restarts) < MAX_EVENTS:
             self.restarts.append(Restart(record.line, last.step, record.step, record.text))
         if len(self.records) == MAX_STEPS:
             self.dropped_records += 1
         self.records.append(record)
         self.last_tag = tag
 
-    def overflow(self, event: OverflowEvent) -> None:
+    def overflow(self, event: OverflowEvent, marks_next: bool = True) -> None:
+        """Keep an overflow; DeepSpeed's marks the next step record skipped (``marks_next``),
+        fairseq's and the at-minimum notices do not name a step."""
         if len(self.overflows) == MAX_EVENTS:
             self.dropped_overflows += 1
         self.overflows.append(event)
-        self.pending = event
+        self.pending = event if marks_next else None
 
     def rank_memory(self, entry: RankMemory) -> None:
         if len(self.memory) == MAX_EVENTS:
             self.dropped_memory += 1
         self.memory.append(entry)
 
+    def _judge_missing_losses(self) -> None:
+        """A Megatron line without a loss means a NaN average only when the run prints a loss
+        on its other lines (a fork that never prints one says nothing by omitting it)."""
+        missing = [r for r in self.records if r.loss_missing]
+        if not missing:
+            return
+        prints_loss = any(r.source == "megatron" and r.loss is not None for r in self.records)
+        if prints_loss:  # read, not a gap: the summary says it
+            for record in missing:
+                record.nan = True
+            return
+        for record in missing:
+            record.loss_missing = False
+        self.gap("no iteration line prints a loss (this log's format, or every average was NaN): "
+                 "losses not read", missing[0].line)
+
     def next_ordinal(self) -> int:
         self.ordinal += 1
         return self.ordinal
 
     def finish(self, fmt: str | None = None) -> TrainingLog:
+        try:
+            _flush_wrap(self)
+        except Exception as exc:  # noqa: BLE001 - a reader bug must not lose the log
+            self.gap(f"wrapped line not read ({type(exc).__name__})", None)
+        self._judge_missing_losses()
         gaps = list(self.gaps)
         if self.zero_grad_lines:
             gaps.append(Gap(
@@ -557,11 +685,12 @@ def _read_megatron(builder: _Builder, number: int, line: str, match: re.Match[st
     values = _pipe_fields(line[match.end():])
     record = StepRecord(step=int(match["step"]), line=number, text=clip(line), source="megatron")
     record.time = _time_in(line[: match.start()])
-    loss_key = "lm loss" if "lm loss" in values else "loss"
-    record.loss = _field_number(builder, values, loss_key, number)
-    record.lr = _field_number(builder, values, "learning rate", number)
-    record.loss_scale = _field_number(builder, values, "loss scale", number)
-    grad = _field_number(builder, values, "grad norm", number)
+    ranked = [(rank, key) for key in values if "loss" in key and (rank := _loss_rank(key)) is not None]
+    loss_key = min(ranked)[1] if ranked else None
+    record.loss = _field_number(builder, values, loss_key, number) if loss_key else None
+    record.lr = _field_number(builder, values, _present(values, "learning rate", "lr"), number)
+    record.loss_scale = _field_number(builder, values, _present(values, "loss scale", "loss_scale"), number)
+    grad = _field_number(builder, values, _present(values, "grad norm", "grad_norm", "gnorm"), number)
     if grad == 0.0:
         builder.zero_grad_lines += 1
         builder.zero_grad_first = builder.zero_grad_first or number
@@ -571,6 +700,13 @@ def _read_megatron(builder: _Builder, number: int, line: str, match: re.Match[st
     record.nan_iterations = _field_int(builder, values, "number of nan iterations", number)
     if record.skipped_iterations is not None:
         record.skipped = record.skipped_iterations > 0
+    # The fields Megatron prints after the loss are there, the loss is not, and no iteration
+    # of the interval was skipped: the average was NaN (or the fork prints no loss at all,
+    # which finish() tells apart by the file's other lines).
+    printed_after = any(key in values for key in ("loss scale", "grad norm", "number of skipped iterations",
+                                                  "number of nan iterations"))
+    if loss_key is None and printed_after and not record.skipped_iterations:
+        record.loss_missing = True
     record.tokens = _field_int(builder, values, "consumed tokens", number)
     if "elapsed time per iteration (ms)" in values:
         ms = _field_number(builder, values, "elapsed time per iteration (ms)", number)
@@ -585,7 +721,12 @@ def _read_megatron(builder: _Builder, number: int, line: str, match: re.Match[st
     return record
 
 
-def _read_overflow(number: int, line: str, match: re.Match[str]) -> OverflowEvent:
+def _present(values: dict[str, str], *keys: str) -> str:
+    """The first of ``keys`` the line has (the first one when none: reads as absent)."""
+    return next((key for key in keys if key in values), keys[0])
+
+
+def _read_overflow(number: int, line: str, match: re.Match[str], step: int | None = None) -> OverflowEvent:
     attempted = _ATTEMPTED.search(line)
     reduced = _REDUCED.search(line)
     rank = _RANK.search(line, match.start())
@@ -596,6 +737,7 @@ def _read_overflow(number: int, line: str, match: re.Match[str]) -> OverflowEven
         reduced_to=_float(reduced["v"]) if reduced else None,
         rank=int(rank.group(1)) if rank else None,
         text=clip(line),
+        step=step,
     )
 
 
@@ -697,7 +839,10 @@ def _from_mapping(
         if not ordinal:
             builder.gap("metrics object without a 'step'", number)
             return None
-        step = builder.next_ordinal()
+        # The Trainer prints no step, but its progress bar counts the steps done.
+        step = builder.bar_step()
+        if step is None:
+            step = builder.next_ordinal()
     record = StepRecord(step=step, line=number, text=clip(text), source=source)
     if loss_key is None:
         builder.gap("metrics object without a 'loss'", number)
@@ -723,49 +868,258 @@ def _from_mapping(
     return record
 
 
-def _read_generic(number: int, line: str) -> StepRecord | None:
-    """``step/iter/Batch N ... loss: X ... lr: Y ... grad_norm: Z`` key-value lines from
-    hand-written loops (FSDP examples, nanoGPT, torchtitan); eval lines are not steps."""
-    if "loss" not in line.lower() or _EVAL.search(line):
+def _loss_rank(key: str) -> int | None:
+    """How much a loss key is the training loss: lower is better; None for an evaluation's
+    loss or the loss scale. ``loss`` itself first, then the train/lm/step/total forms, then
+    the smoothed ones (a running average blurs the very spike we look for), NLL last."""
+    parts = [part for part in re.split(r"[\s_/]+", key.lower()) if part]
+    if any(part in _EVAL_PARTS for part in parts):
         return None
-    loss = _GEN_LOSS.search(line)
-    step = _GEN_STEP.search(line)
-    if loss is None or step is None:
+    if parts == ["loss"]:
+        return 0
+    if parts[0] in ("train", "training"):
+        return 1
+    if parts[0] in ("lm", "mlm"):
+        return 2
+    if parts[0] == "step":
+        return 3
+    if parts[0] == "total":
+        return 4
+    if parts[0] in ("average", "avg", "mean", "running", "smoothed") or parts[-1] in ("avg", "mean"):
+        return 6
+    if parts[0] == "nll":
+        return 7
+    return 5
+
+
+#: Keras' end-of-epoch bar (``10954/10954 [=====] - 659s - loss: 0.05 - val_loss: 0.06``):
+#: a training line even when it also reports the validation loss.
+_KERAS_BAR = re.compile(r"^\s*\d{1,12}/\d{1,12}\s+\[[=>.]*\]")
+
+
+def _pick_loss(line: str) -> re.Match[str] | None:
+    """The training loss of a line; None on an evaluation report, which is any line carrying
+    an evaluation's loss (nanoGPT's ``step 400: train loss 2.30, val loss 2.40`` estimates
+    both on held-out batches: it is not a training step), except Keras' epoch bar."""
+    best: tuple[int, re.Match[str]] | None = None
+    keras = bool(_KERAS_BAR.match(line))
+    for match in _LOSS_ANY.finditer(line):
+        rank = _loss_rank(match["key"])
+        if rank is None:
+            if "scale" not in match["key"].lower() and not keras:
+                return None
+            continue
+        if best is None or rank < best[0]:
+            best = (rank, match)
+    return best[1] if best else None
+
+
+def _pick_step(line: str, loss_at: int, epoch: int | None = None) -> tuple[int, int] | None:
+    """(step, position) of a line's step number: ``global_step``/``num_updates`` first, else
+    mmengine's ``[epoch][i/n]`` (as a global step), the first step keyword, an ``(epoch,
+    step)`` pair, a leading table number, the epoch a Keras header announced, a bar."""
+    mm = _MMENGINE_STEP.search(line)
+    if mm is not None:
+        if mm["iter"] is not None:
+            return int(mm["iter"]), mm.start()
+        return (int(mm["epoch"]) - 1) * int(mm["n"]) + int(mm["i"]), mm.start()
+    keyed = list(_GEN_STEP.finditer(line))
+    if not any(m["key"].lower().replace(" ", "_") in ("global_step", "globalstep", "num_updates") for m in keyed):
+        within = _EPOCH_STEP.search(line)
+        if within is not None:
+            epoch = int(within["epoch"] or within["epoch2"])
+            index, size = int(within["i"] or within["i2"]), int(within["n"] or within["n2"])
+            return max(epoch - 1, 0) * size + index, within.start()
+    for match in keyed:
+        if match["key"].lower().replace(" ", "_") in ("global_step", "globalstep", "num_updates"):
+            return int(match["step"]), match.start()
+    if keyed:
+        return int(keyed[0]["step"]), keyed[0].start()
+    pair = _TUPLE_STEP.search(line)
+    if pair is not None:
+        return int(pair["step"]), pair.start()
+    if epoch is not None and re.match(r"^\s*\d{1,12}/\d{1,12}\s+\[", line):
+        return epoch, 0
+    lead = _LEADING_STEP.match(line)
+    if lead is not None and lead.end() <= loss_at:
+        return int(lead["step"]), lead.start()
+    bars = list(_PROGRESS.finditer(line))
+    if bars:
+        return int(bars[-1]["done"]), bars[-1].start()
+    return None
+
+
+def _strip_launcher(line: str) -> str:
+    """The line without its launcher's rank tag and a leading timestamp (which would read as a
+    leading step number)."""
+    tag = _RANK_TAG.match(line)
+    rest = line[tag.end():] if tag else line
+    stamp = re.match(r"^\s*\[?\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}:\d{2}(?:[.,]\d+)?(?:Z|[+-]\d{2}:?\d{2})?\]?", rest)
+    return rest[stamp.end():] if stamp else rest
+
+
+def _read_generic(number: int, line: str, epoch: int | None = None) -> StepRecord | None:
+    """Key-value step lines of hand-written loops and other trainers (FSDP examples, nanoGPT,
+    torchtitan, fairseq's ``num_updates``, NVIDIA DLLogger's ``Training Iteration: N ...
+    step_loss : X``, TensorFlow's ``loss = X, step = N``, ``1220 | loss 3.29 | ...`` tables).
+    A line whose loss belongs to an evaluation is not a training step."""
+    if "loss" not in line.lower():
         return None
+    body = _strip_launcher(line)
+    loss = _pick_loss(body)
+    if loss is None or _EVAL_WORD.search(body, 0, loss.start()):
+        return None
+    step = _pick_step(body, loss.start(), epoch)
+    if step is None:
+        return None
+    offset = len(line) - len(body)
     record = StepRecord(
-        step=int(step["step"]), loss=_float(loss["v"]), line=number, text=clip(line), source="generic",
-        time=_time_in(line[: min(step.start(), loss.start())]),
+        step=step[0], loss=_float(loss["v"]), line=number, text=clip(line), source="generic",
+        time=_time_in(line[: offset + min(step[1], loss.start())]),
     )
-    if (match := _GEN_LR.search(line)) is not None:
+    if (match := _GEN_LR.search(body)) is not None:
         record.lr = _float(match["v"])
-    if (match := _GEN_GRAD.search(line)) is not None:
+    if (match := _GEN_GRAD.search(body)) is not None:
         record.grad_norm = _float(match["v"])
-    if (match := _GEN_SCALE.search(line)) is not None:
+    if (match := _GEN_SCALE.search(body)) is not None:
         record.loss_scale = _float(match["v"])
-    if (match := _GEN_SPEED.search(line)) is not None:
+    if (match := _GEN_SPEED.search(body)) is not None:
         record.throughput = _float(match["v"])
         record.throughput_unit = match["unit"] or ("tokens/s" if match["key"].lower() == "tps" else None)
-    if (match := _GEN_TOKENS.search(line)) is not None:
+    if (match := _GEN_TOKENS.search(body)) is not None:
         record.tokens = _bounded(int(match["v"].replace(",", "")))
-    if (match := _GEN_EPOCH.search(line)) is not None:
+    if (match := _GEN_EPOCH.search(body)) is not None:
         record.epoch = _float(match["v"])
+    if (match := _PPL.search(body)) is not None:
+        record.perplexity = _float(match["v"])
     return record
 
 
-def _feed_line(builder: _Builder, number: int, raw: str) -> None:
-    """Recognise one log line; lines of no known shape (NCCL, bash traces, timers) pass."""
-    if not raw.strip():
+def _read_nan_message(builder: _Builder, number: int, line: str) -> StepRecord | None:
+    """A non-finite loss announced without a step: the step after the last one logged (one
+    record however many ranks print it)."""
+    last = builder.records[-1] if builder.records else None
+    if last is not None and last.source == "nan-message":
+        return None
+    step = last.step + 1 if last is not None else builder.next_ordinal()
+    return StepRecord(step=step, loss=math.nan, line=number, text=clip(line), source="nan-message",
+                      time=_time_in(line))
+
+
+#: Physical lines one logical line may be wrapped over (a terminal, a chat, a document).
+MAX_WRAP_LINES = 6
+
+
+def _wrap_kind(line: str) -> str | None:
+    """Is this the first piece of a wrapped record? A Megatron iteration line ends with
+    ``|``; a Trainer dict closes its ``}``. Without the end, the rest follows on the next
+    physical lines."""
+    if "iteration" in line and _MEGATRON.search(line):
+        return "megatron"
+    brace = line.rfind("{")
+    if brace >= 0 and "}" not in line[brace:] and _LOSS_KEY_QUOTED.search(line, brace):
+        return "dict"
+    return None
+
+
+#: A piece of a Megatron record printed over several lines, each ending in ``|``
+#: (``learning rate: 1.35E-04 | global batch size: 4096 |``).
+_FIELDS_PIECE = re.compile(r"^\s*[A-Za-z][\w ()/.-]{0,60}:\s*[^|:]{1,60}(?:\|\s*[A-Za-z][\w ()/.-]{0,60}:\s*[^|:]{1,60})*\|?\s*$")
+
+
+def _continues(line: str, previous: str) -> bool:
+    """A physical line that can be the rest of a wrapped record: not a record of its own, not
+    a line the launcher stamped or tagged (those are new lines of the log). After a piece that
+    ended its field (``|``), only a line of more ``key: value |`` fields continues it."""
+    stripped = line.strip()
+    if previous.rstrip().endswith("|") and not _FIELDS_PIECE.match(line):
+        return False
+    if not stripped or len(stripped) > 2000 or _RANK_TAG.match(line) or _DATE.match(stripped):
+        return False
+    if "iteration" in line and _MEGATRON.search(line):
+        return False
+    return not (stripped.startswith(("time (ms)", "[Rank", "[before", "{", "Traceback")) or _OVERFLOW.search(line))
+
+
+def _join(first: str, rest: str) -> str:
+    """Glue a wrapped piece back: a word wrap may have dropped the space at the break
+    (``number of nan`` / ``iterations``), a hard wrap inside a number must not gain one."""
+    if not first or not rest or first[-1].isspace() or rest[0].isspace():
+        return first + rest
+    if first[-1].isalpha() and rest[0].isalpha():
+        return first + " " + rest
+    return first + rest
+
+
+def _flush_wrap(builder: _Builder) -> None:
+    if builder.wrap is None:
         return
+    number, text, _ = builder.wrap
+    builder.wrap = None
+    _dispatch(builder, number, text)
+
+
+def _feed_line(builder: _Builder, number: int, raw: str) -> None:
+    """Recognise one log line; lines of no known shape (NCCL, bash traces, timers) pass. A
+    record wrapped over several physical lines is joined first and cites its first line."""
     line = _ANSI.sub("", raw) if "\x1b" in raw else raw
+    if builder.wrap is not None:
+        first, text, pieces = builder.wrap
+        if _continues(line, text):
+            joined = _join(text, line)
+            kind = _wrap_kind(joined)
+            if kind is None or pieces + 1 >= MAX_WRAP_LINES:
+                builder.wrap = None
+                _dispatch(builder, first, joined)
+            else:
+                builder.wrap = (first, joined, pieces + 1)
+            return
+        _flush_wrap(builder)
+    if not line.strip():
+        return
+    if _wrap_kind(line) is not None:
+        builder.wrap = (number, line, 1)
+        return
+    _dispatch(builder, number, line)
+
+
+def _dispatch(builder: _Builder, number: int, line: str) -> None:
+    bars = list(_PROGRESS.finditer(line)) if "/" in line and "[" in line else []
+    bar_step = builder.progress(bars[0]) if bars else None
     if "iteration" in line and (match := _MEGATRON.search(line)) is not None:
         builder.add(_read_megatron(builder, number, line, match), _rank_tag(line))
         return
-    if ("OVERFLOW" in line or "overflow" in line) and (match := _OVERFLOW.search(line)) is not None:
-        builder.overflow(_read_overflow(number, line, match))
+    if "verflow" in line or "OVERFLOW" in line:
+        if (match := _OVERFLOW.search(line)) is not None:
+            # A bar printed before the overflow on the same line counts the steps done: this
+            # overflow belongs to the step after them.
+            done = builder.progress(bars[-1]) if bars and bars[-1].start() < match.start() else builder.progress_done
+            builder.overflow(_read_overflow(number, line, match, done + 1 if done is not None else None))
+            return
+        if (match := _FAIRSEQ_OVERFLOW.search(line)) is not None:
+            builder.overflow(OverflowEvent(time=_time_in(line[: match.start()]), line=number, attempted=None,
+                                           reduced_to=_float(match["v"]), text=clip(line)), marks_next=False)
+            return
+    if "inimum" in line and (match := _SCALE_MINIMUM.search(line)) is not None:
+        builder.overflow(OverflowEvent(time=_time_in(line[: match.start()]), line=number, attempted=None,
+                                       reduced_to=_float(match["v"]) if match["v"] else None, text=clip(line),
+                                       minimum=True), marks_next=False)
+        return
+    if "scale" in line and (match := _SCALE_CHANGE.search(line)) is not None:
+        if match["c"] is not None:  # applied anyway: the scale moved, no step was skipped
+            builder.overflow(OverflowEvent(time=_time_in(line[: match.start()]), line=number, attempted=None,
+                                           reduced_to=_float(match["c"]), text=clip(line)), marks_next=False)
+        else:
+            builder.overflow(OverflowEvent(time=_time_in(line[: match.start()]), line=number,
+                                           attempted=_float(match["a"]), reduced_to=_float(match["b"]),
+                                           text=clip(line)), marks_next=False)
         return
     if "memory (MB)" in line and _MEMORY.search(line):
         for entry in _read_memory(number, line):
             builder.rank_memory(entry)
+        return
+    if "Epoch" in line and (match := _EPOCH_HEADER.match(line)) is not None:
+        builder.epoch = int(match["epoch"])
         return
     if "skipped=" in line and (match := _DS_ENGINE.search(line)) is not None:
         builder.add(_read_ds_engine(builder, number, line, match), _rank_tag(line))
@@ -789,7 +1143,12 @@ def _feed_line(builder: _Builder, number: int, raw: str) -> None:
     if _ELISION.match(line):
         builder.gap("elided lines in the log ('...'): steps between may be missing", number)
         return
-    record = _read_generic(number, line)
+    record = _read_generic(number, line, builder.epoch)
+    if record is None and (match := _BARE_PAIR.match(_strip_launcher(line))) is not None:
+        record = StepRecord(step=int(match["step"]), loss=_float(match["v"]), line=number, text=clip(line),
+                            source="table")
+    if record is None and bar_step is None and _NAN_MESSAGE.search(line):
+        record = _read_nan_message(builder, number, line)
     if record is not None:
         builder.add(record, _rank_tag(line))
 
@@ -1002,6 +1361,10 @@ def _line_shape(line: str) -> str | None:
         return "json" if line.lstrip().startswith('{"') and '"step"' in line else "dict"
     if _read_generic(0, line) is not None:
         return "generic"
+    if _BARE_PAIR.match(_strip_launcher(line)):
+        return "table"
+    if ("scale" in line and _SCALE_CHANGE.search(line)) or ("verflow" in line and _FAIRSEQ_OVERFLOW.search(line)):
+        return "overflow"
     return None
 
 
@@ -1019,6 +1382,8 @@ def detect(sample: str) -> float:
     if shapes.get("deepspeed") or shapes.get("dict"):
         return 0.85
     generic = shapes.get("generic", 0)
+    if shapes.get("table", 0) >= 3 and shapes.get("table", 0) >= 0.3 * len(_sample_lines(sample)):
+        return 0.6  # a bare "step loss" table: nothing else claims two-number lines
     if generic >= 5:
         return 0.85
     if generic >= 3:
@@ -1093,10 +1458,19 @@ def summarize(log: TrainingLog) -> list[str]:
     steps = latest_per_step(log.records)
     if not steps:
         out = [f"{log.format}: {log.lines} lines, no training steps found"]
+        if log.overflow_events:
+            scales = [e.reduced_to for e in log.overflow_events if e.reduced_to is not None]
+            out.append(f"{len(log.overflow_events)} loss-scale line(s) (overflows)"
+                       + (f": scale {_fmt(scales[0])} -> {_fmt(scales[-1])}" if scales else "")
+                       + ("; the scaler reached its minimum" if any(e.minimum for e in log.overflow_events) else ""))
         out += [f"  gap: {gap.reason}" for gap in log.gaps[:3]]
         return out
     ordinal = " (ordinal: the log prints no step numbers)" if log.step_is_ordinal else ""
     out = [f"{log.format}: {len(steps)} steps {steps[0].step}..{steps[-1].step}{ordinal} from {log.lines} lines"]
+    read = [name for name in ("loss", "lr", "grad_norm", "loss_scale", "throughput", "tokens", "time", "perplexity")
+            if any(getattr(r, name) is not None for r in steps)]
+    unread = [name for name in ("loss", "lr", "grad_norm", "loss_scale") if name not in read]
+    out.append(f"fields read: {', '.join(read) or 'none'}" + (f"; not in the log: {', '.join(unread)}" if unread else ""))
     with_loss = [r for r in steps if r.loss is not None]
     finite = [r for r in with_loss if math.isfinite(r.loss or 0.0)]
     if with_loss:
@@ -1107,7 +1481,11 @@ def summarize(log: TrainingLog) -> list[str]:
             high = max(finite, key=lambda r: r.loss or 0.0)
             line += f"; min {_fmt(low.loss)} (step {low.step}), max {_fmt(high.loss)} (step {high.step})"
         out.append(line)
-    missing = [r.step for r in steps if r.loss is None]
+    vanished = [r.step for r in steps if r.loss_missing]
+    missing = [r.step for r in steps if r.loss is None and not r.loss_missing]
+    if vanished:
+        out.append(f"NO LOSS PRINTED at step(s) {_list_steps(vanished)} while the other lines print one: "
+                   "Megatron leaves out a NaN average, read as non-finite")
     if missing:
         out.append(f"no loss logged at step(s) {_list_steps(missing)}")
     nonfinite = [r.step for r in steps if r.nan]
@@ -1235,11 +1613,19 @@ class LineReader:
         return done
 
     def flush(self) -> list[StepRecord]:
-        records = self._builder.records
-        if not records or records[-1] is self._released:
+        builder = self._builder
+        try:
+            _flush_wrap(builder)
+        except Exception as exc:  # noqa: BLE001
+            builder.gap(f"wrapped line not read ({type(exc).__name__})", builder.lines)
+        records = builder.records
+        fresh = [record for record in records if record is not self._released]
+        if not fresh:
             return []
+        while len(records) > 1:
+            records.popleft()
         self._released = records[-1]
-        return [self._released]
+        return fresh
 
 
 __all__ += ["LineReader"]
