@@ -72,6 +72,18 @@ def protect_run(job_id: str, scheduler: SchedulerRef, bundle: str, incident: str
                            f"{observed.get('observed_until')}, now {observed['symptom']}")
         symptom = {**symptom, "symptom": observed["symptom"] or symptom["symptom"]}
     pending = None
-    if protective_move(symptom["symptom"], observe_steps=0) == "stop":
+    if protective_move(symptom["symptom"], observe_steps=0) == "stop" or not _running(scheduler, bundle, incident,
+                                                                                     job_id):
+        # a job that has already ended (crashed on the NaN, or finished) is recorded as stopped:
+        # its nodes are free, and resuming it is what is left to decide
         pending = stop_job.submit(job_id, scheduler, bundle, incident)
     return Protection(symptom, observed, pending)
+
+
+def _running(scheduler: SchedulerRef, bundle: str, incident: str, job_id: str) -> bool:
+    try:
+        info = scheduler.open(bundle, incident).show_job(job_id)
+    except Exception:  # the scheduler forgot it: not running
+        return False
+    state = (info[0] if isinstance(info, tuple) else info).state
+    return state.split()[0] in ("RUNNING", "PENDING", "CONFIGURING", "COMPLETING", "SUSPENDED")

@@ -196,7 +196,6 @@ def test_no_healthy_node_is_ever_drained(diagnoses):
     assert not {name: nodes for name, nodes in drained.items() if nodes}
 
 
-@pytest.mark.xfail(strict=False, reason="issue 14 (part B): unread evidence is still called a false alarm")
 def test_no_confident_false_alarm_on_unread_evidence(diagnoses):
     confident = [name for label, got, name in _answers(diagnoses)
                  if label["symptom"] == "unknown" and got["primary"]["cause"] == "false_alarm"

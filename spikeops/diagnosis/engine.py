@@ -28,7 +28,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from spikeops.diagnosis import checkpoint, communication, data, hardware, numeric
+from spikeops.diagnosis import checkpoint, communication, data, hardware, numeric, replay
 from spikeops.diagnosis.actions import plan_actions
 from spikeops.diagnosis.context import Context, build_context
 from spikeops.diagnosis.evidence import BundleFacts, load_bundle
@@ -38,7 +38,8 @@ from spikeops.thresholds import MIN_POINTS, SHORT_HISTORY
 
 __all__ = ["diagnose", "diagnose_facts", "classify_bundle", "focus_step", "ALL_RULES", "PRIMARY_THRESHOLD"]
 
-ALL_RULES = (*data.RULES, *numeric.RULES, *communication.RULES, *hardware.RULES, *checkpoint.RULES)
+ALL_RULES = (*data.RULES, *numeric.RULES, *communication.RULES, *hardware.RULES, *checkpoint.RULES,
+             replay.hardware_silent_data_corruption)
 #: A finding must reach this confidence to be the primary cause or to convict nodes.
 PRIMARY_THRESHOLD = 0.5
 #: Below it, a weak but current finding still beats the symptom's generic direction.
@@ -232,6 +233,8 @@ def diagnose_facts(facts: BundleFacts) -> Diagnosis:
     ctx = build_context(facts, symptom)
     findings = [finding for rule in ALL_RULES for finding in _run(rule, ctx)]
     _weigh(findings)
+    findings.sort(key=_order)
+    replay.apply_replay(findings, ctx)  # what re-executing the spike window said
     findings.sort(key=_order)
 
     causal = [f for f in findings if not f.history and f.cause != "inconclusive"]

@@ -28,9 +28,10 @@ __all__ = [
 DIAGNOSIS_FORMAT = "spikeops-diagnosis/1"
 
 #: The spec's cause table: cause -> layer (shared with the simulator: spikeops.vocabulary,
-#: which generates incidents for the causes a generator can plant), plus ``inconclusive``:
-#: the answer when no rule holds and the evidence to judge is missing.
-CAUSES: dict[str, str] = {**LAYER_OF, "inconclusive": "none"}
+#: which generates incidents for the causes a generator can plant), plus ``inconclusive``
+#: (the answer when no rule holds and the evidence to judge is missing) and
+#: ``silent_data_corruption`` (only replays of the spike window show it: spikeops.replay).
+CAUSES: dict[str, str] = {**LAYER_OF, "inconclusive": "none", "silent_data_corruption": "hardware"}
 #: The spec's symptoms, ``unknown`` (no step metrics could be judged) included.
 SYMPTOMS: tuple[str, ...] = (*_SYMPTOMS, *(() if "unknown" in _SYMPTOMS else ("unknown",)))
 #: Layers whose evidence can be inconclusive about a node (it failed, or could not be read,
