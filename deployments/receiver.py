@@ -13,16 +13,39 @@ flow parameters (``spikeops.alerts``: only the job id and cluster name, both che
 strict patterns), and each firing alert starts the flow through a ``starter`` with the alert's
 idempotency key, so a storm of repeats starts one run. The answer comes at once; the flow runs on
 its own.
+
+A storm costs one Prefect call (``SingleFlight``). Alertmanager resends a firing alert every
+group and repeat interval, from every replica, and retries what failed: a thousand copies of one
+alert is an ordinary night. Prefect would deduplicate them by the key too, but each copy would
+cost an API round trip, and a SQLite-backed server serialises those writes (100 concurrent
+copies took a median 2.5 s to answer, some over 10 s). So the receiver answers duplicates
+itself:
+- the first copy of a key starts the flow (in a small thread pool, off the event loop) and is
+  answered with the run id once Prefect has it;
+- a copy that arrives while that start is in flight is answered at once (202, ``"start":
+  "in-flight"``, no run id yet);
+- a copy of a key started in the last ``remember_s`` seconds is answered at once with the
+  remembered run id (``"start": "remembered"``); the memory holds at most ``remember_max`` keys,
+  oldest dropped first, and a key that fell out of it is simply asked of Prefect again (which
+  still returns the same run for it);
+- a start that fails is not remembered: its own request gets the 503 (Alertmanager retries it)
+  and the next copy of the key tries again.
+Only a request that starts the flow, or a resolved alert, is emitted as a Prefect event.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import ipaddress
 import os
+import threading
+import time
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
 from typing import Any
 
 # Module level, not inside create_app: FastAPI resolves the handlers' (string) annotations
@@ -34,7 +57,9 @@ from starlette.concurrency import run_in_threadpool
 from spikeops.alerts import SOURCES, Alert, AlertError, idempotency_key, parse_alerts
 from spikeops.errors import InputError
 
-__all__ = ["ReceiverConfig", "create_app", "check_bind"]
+__all__ = ["ReceiverConfig", "SingleFlight", "create_app", "check_bind"]
+
+Starter = Callable[[Alert, str], "str | None"]
 
 
 @dataclass(frozen=True)
@@ -42,6 +67,9 @@ class ReceiverConfig:
     token: str | None = None
     hmac_key: str | None = None
     default_cluster: str | None = None
+    #: how long a started key's run id is remembered, and how many keys at most
+    remember_s: float = 600.0
+    remember_max: int = 10_000
 
     @classmethod
     def from_env(cls) -> ReceiverConfig:
@@ -79,12 +107,98 @@ def _authorised(config: ReceiverConfig, headers: Mapping[str, str], body: bytes)
     return False
 
 
-def create_app(starter: Callable[[Alert, str], str | None], config: ReceiverConfig | None = None,
-               emit: Callable[[Alert], None] | None = None) -> Any:
+@dataclass
+class FlightStats:
+    started: int = 0
+    in_flight: int = 0
+    remembered: int = 0
+    failed: int = 0
+    busy: int = 0
+
+
+@dataclass
+class SingleFlight:
+    """One ``starter`` call per idempotency key at a time, and a bounded memory of the run ids
+    of recent keys (the module docstring says why). Thread-safe; nothing here blocks the event
+    loop: ``begin`` only looks at a dict, and the start runs in the pool."""
+
+    starter: Starter
+    remember_s: float = 600.0
+    remember_max: int = 10_000
+    workers: int = 8
+    #: distinct keys being started at once, at most; beyond, a new key is answered 503 (retry)
+    max_flying: int = 1_000
+    clock: Callable[[], float] = time.monotonic
+    stats: FlightStats = field(default_factory=FlightStats)
+
+    def __post_init__(self) -> None:
+        if self.remember_max < 0 or self.remember_s < 0:
+            raise ValueError("remember_s and remember_max cannot be negative")
+        self._lock = threading.Lock()
+        self._flying: dict[str, Future] = {}
+        self._recent: OrderedDict[str, tuple[str | None, float]] = OrderedDict()
+        self._pool = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="spikeops-start")
+
+    def begin(self, alert: Alert, key: str) -> tuple[str, Any]:
+        """``("remembered", run id)``, ``("in-flight", None)``, ``("started", future)`` whose
+        result is the run id (or the starter's exception), or ``("busy", None)`` when
+        ``max_flying`` other keys are being started (a flood of distinct alerts queues no
+        further in memory)."""
+        with self._lock:
+            hit = self._recent.get(key)
+            if hit is not None:
+                if hit[1] > self.clock():
+                    self.stats.remembered += 1
+                    return "remembered", hit[0]
+                del self._recent[key]
+            if key in self._flying:
+                self.stats.in_flight += 1
+                return "in-flight", None
+            if len(self._flying) >= self.max_flying:
+                self.stats.busy += 1
+                return "busy", None
+            future = self._pool.submit(self._start, alert, key)
+            self._flying[key] = future
+            self.stats.started += 1
+        return "started", future
+
+    def _start(self, alert: Alert, key: str) -> str | None:
+        """In the pool: the start, then its settling, before the future completes (so a copy
+        that comes after the answer always finds the key remembered)."""
+        try:
+            run = self.starter(alert, key)
+        except BaseException:
+            with self._lock:
+                self._flying.pop(key, None)
+                self.stats.failed += 1  # not remembered: the next copy tries again
+            raise
+        with self._lock:
+            self._flying.pop(key, None)
+            if self.remember_max > 0:
+                self._recent[key] = (run, self.clock() + self.remember_s)
+                self._recent.move_to_end(key)
+                while len(self._recent) > self.remember_max:
+                    self._recent.popitem(last=False)
+        return run
+
+    def remembered(self) -> int:
+        with self._lock:
+            return len(self._recent)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False)
+
+
+def create_app(starter: Starter, config: ReceiverConfig | None = None,
+               emit: Callable[[Alert], None] | None = None, *, coalesce: bool = True) -> Any:
     """The FastAPI app. ``starter(alert, idempotency_key)`` starts (or finds) the flow run and
-    returns its id; ``emit(alert)`` publishes an event (a Prefect event in production)."""
+    returns its id; ``emit(alert)`` publishes an event (a Prefect event in production).
+    ``coalesce=False`` sends every copy to the starter (the receiver before single-flight: the
+    benchmark's baseline). ``app.state.flight`` is the ``SingleFlight`` (its ``stats``)."""
     config = config or ReceiverConfig.from_env()
     app = FastAPI(title="spikeops alert receiver", docs_url=None, redoc_url=None)
+    flight = SingleFlight(starter, remember_s=config.remember_s, remember_max=config.remember_max)
+    app.state.flight = flight
 
     @app.get("/healthz")
     def health() -> dict[str, str]:
@@ -101,25 +215,37 @@ def create_app(starter: Callable[[Alert, str], str | None], config: ReceiverConf
             return JSONResponse({"error": str(exc)}, status_code=400 if source in SOURCES else 404)
         answers = []
         for alert in alerts:
-            if emit is not None:
-                try:
-                    emit(alert)
-                except Exception:  # an event is a courtesy; the incident must still start
-                    pass
             if alert.status != "firing":
+                _emit(emit, alert)
                 answers.append({"job": alert.job, "status": alert.status, "flow_run": None, "ignored": "resolved"})
                 continue
             key = idempotency_key(alert)
-            try:
-                # the starter blocks (HTTP to the Prefect API): off the event loop
-                run = await run_in_threadpool(starter, alert, key)
-            except InputError as exc:  # the labels name no configured cluster, and the like
-                return JSONResponse({"error": f"cannot map the alert: {exc}"}, status_code=400)
-            except Exception as exc:
-                # Alertmanager and Grafana retry a 5xx; Retry-After says when
-                return JSONResponse({"error": f"could not start the incident flow: {type(exc).__name__}"},
+            how, run = flight.begin(alert, key) if coalesce else ("started", None)
+            if how == "busy":
+                return JSONResponse({"error": "too many incidents being started at once; retry"},
                                     status_code=503, headers={"Retry-After": "5"})
-            answers.append({"job": alert.job, "status": "firing", "flow_run": run, "idempotency_key": key})
+            if how == "started":
+                _emit(emit, alert)
+                try:
+                    # the starter blocks (HTTP to the Prefect API): off the event loop
+                    run = await (asyncio.wrap_future(run) if coalesce else run_in_threadpool(starter, alert, key))
+                except InputError as exc:  # the labels name no configured cluster, and the like
+                    return JSONResponse({"error": f"cannot map the alert: {exc}"}, status_code=400)
+                except Exception as exc:
+                    # Alertmanager and Grafana retry a 5xx; Retry-After says when
+                    return JSONResponse({"error": f"could not start the incident flow: {type(exc).__name__}"},
+                                        status_code=503, headers={"Retry-After": "5"})
+            answers.append({"job": alert.job, "status": "firing", "flow_run": run, "idempotency_key": key,
+                            "start": how})
         return JSONResponse({"accepted": answers}, status_code=202)
 
     return app
+
+
+def _emit(emit: Callable[[Alert], None] | None, alert: Alert) -> None:
+    if emit is None:
+        return
+    try:
+        emit(alert)
+    except Exception:  # an event is a courtesy; the incident must still start
+        pass
