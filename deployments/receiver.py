@@ -204,8 +204,8 @@ def create_app(starter: Starter, config: ReceiverConfig | None = None,
     def health() -> dict[str, str]:
         return {"status": "ok"}
 
-    @app.post("/alerts/{source}")
-    async def receive(source: str, request: Request) -> JSONResponse:
+    async def receive(request: Request) -> JSONResponse:
+        source = request.path_params["source"]
         body = await request.body()
         if not _authorised(config, request.headers, body):
             return JSONResponse({"error": "unauthorised"}, status_code=401)
@@ -239,6 +239,9 @@ def create_app(starter: Starter, config: ReceiverConfig | None = None,
                             "start": how})
         return JSONResponse({"accepted": answers}, status_code=202)
 
+    # A plain Starlette route, not a FastAPI one: the storm's hot path skips FastAPI's
+    # parameter solving and telemetry (half of a duplicate's cost in the app, measured).
+    app.add_route("/alerts/{source}", receive, methods=["POST"])
     return app
 
 
