@@ -7,8 +7,9 @@ and times each answer:
 - a real `prefect server start` (SQLite in a temporary PREFECT_HOME), the incident deployment
   registered on it;
 - the real receiver (`deployments.receiver.create_app` with `tasks.start.prefect_starter` and the
-  Prefect event emitter, as `spikeops serve` builds it) under uvicorn, in its own process; that
-  process counts its calls to the starter and every HTTP request it makes to the Prefect API;
+  Prefect event emitter, as `spikeops serve` builds it) under uvicorn (httptools, uvloop), in its
+  own process (`tests/receiver_process.py`), which counts its calls to the starter, every HTTP
+  request it makes to the Prefect API and the events it emits;
 - N keep-alive connections opened first (as Alertmanager keeps them), then N requests written
   at once; each latency runs from its request's write to its full answer, read by a plain
   asyncio client in this process (it shares the machine's cores with the receiver and the
@@ -42,55 +43,6 @@ sys.path.insert(0, str(ROOT))
 from tests.test_e2e_serve import BIN, _free, _stop, _wait_http  # noqa: E402
 
 TIMEOUT_S = 30.0
-
-
-# ---------------------------------------------------------------------------- the receiver process
-
-
-def serve_receiver(port: int, config_path: str, baseline: bool) -> None:
-    """The child: register the deployment, then serve the receiver with counters around its
-    Prefect calls; ``GET /bench/stats`` reports them."""
-    import httpx
-    import uvicorn
-
-    from deployments.receiver import ReceiverConfig, create_app
-    from deployments.serve import incident_deployment, prefect_emitter
-    from spikeops.config import load_config
-    from tasks.start import prefect_starter
-
-    api = os.environ["PREFECT_API_URL"]
-    counts = {"starter_calls": 0, "api_requests": 0, "events": 0}
-    for cls in (httpx.AsyncClient, httpx.Client):
-        original = cls.send
-
-        def counted(self: Any, request: Any, *args: Any, __original: Any = original, **kwargs: Any) -> Any:
-            if str(request.url).startswith(api):
-                counts["api_requests"] += 1
-            return __original(self, request, *args, **kwargs)
-
-        cls.send = counted  # type: ignore[method-assign]
-    incident_deployment().apply()
-    counts["api_requests"] = 0  # the registration is not the storm's
-    start = prefect_starter(load_config(config_path))
-    emit_event = prefect_emitter()
-
-    def starter(alert: Any, key: str) -> str:
-        counts["starter_calls"] += 1
-        return start(alert, key)
-
-    def emit(alert: Any) -> None:
-        counts["events"] += 1
-        emit_event(alert)
-
-    app = create_app(starter, ReceiverConfig(), emit=emit, coalesce=not baseline)
-
-    @app.get("/bench/stats")
-    def stats() -> dict[str, Any]:
-        flight = app.state.flight.stats
-        return {**counts, "in_flight_answers": flight.in_flight, "remembered_answers": flight.remembered}
-
-    uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
-                                  backlog=4096, timeout_keep_alive=120)).run()
 
 
 # ---------------------------------------------------------------------------- the storm
@@ -187,8 +139,8 @@ def run(work: Path, copies: int, repeat: int, baseline_copies: int) -> list[dict
         _wait_http(f"{api}/health", 120, server)
         for baseline in (False, True):
             port = _free()
-            child = subprocess.Popen([sys.executable, __file__, "--serve-receiver", str(port), "--config",
-                                      str(config), *(["--baseline"] if baseline else [])],
+            child = subprocess.Popen([sys.executable, "-m", "tests.receiver_process", str(port), str(config),
+                                      *(["--no-coalesce"] if baseline else [])], cwd=ROOT,
                                      env=env, stdout=logs, stderr=subprocess.STDOUT, start_new_session=True)
             try:
                 _wait_http(f"http://127.0.0.1:{port}/healthz", 120, child)
@@ -199,10 +151,10 @@ def run(work: Path, copies: int, repeat: int, baseline_copies: int) -> list[dict
                         ("single-flight, the same alert again", _alert(tag), copies)]
                     for name, alert, count in cases:
                         runs_before = _flow_runs(api)
-                        stats_before = _get(f"http://127.0.0.1:{port}/bench/stats")
+                        stats_before = _get(f"http://127.0.0.1:{port}/test/record")
                         row = asyncio.run(storm(port, alert, count))
                         time.sleep(1.0)  # let late answers' Prefect calls land before counting
-                        stats = _get(f"http://127.0.0.1:{port}/bench/stats")
+                        stats = _get(f"http://127.0.0.1:{port}/test/record")
                         row.update(case=name, attempt=attempt,
                                    starter_calls=stats["starter_calls"] - stats_before["starter_calls"],
                                    api_requests=stats["api_requests"] - stats_before["api_requests"],
@@ -235,13 +187,7 @@ def main() -> int:
     parser.add_argument("--baseline-copies", type=int, default=100,
                         help="copies for the baseline without single-flight (default 100, as in issue 19)")
     parser.add_argument("--repeat", type=int, default=3, help="storms of each kind (default 3)")
-    parser.add_argument("--serve-receiver", type=int, metavar="PORT", help=argparse.SUPPRESS)
-    parser.add_argument("--config", help=argparse.SUPPRESS)
-    parser.add_argument("--baseline", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.serve_receiver:
-        serve_receiver(args.serve_receiver, args.config, args.baseline)
-        return 0
     print("| storm | copies | 202 | unanswered (30 s) | p50 ms | p99 ms | max ms | starter calls | "
           "Prefect API requests | events | flow runs created | answered as |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
