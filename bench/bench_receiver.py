@@ -16,8 +16,10 @@ and times each answer:
   Prefect server, as a colocated Alertmanager would);
 - flow runs created: counted on the Prefect server afterwards.
 
-Rows: a fresh alert (the first copy starts the flow, the others arrive while it is in flight);
-the same alert again (every copy remembered); and the baseline, the receiver before issue 19
+Rows: the floor (a no-op ASGI app that answers 202 at once, under the same uvicorn and client:
+what the HTTP stack and the client cost on this machine, whatever the receiver does); a fresh
+alert (the first copy starts the flow, the others arrive while it is in flight); the same alert
+again (every copy remembered); and the baseline, the receiver before issue 19
 (`coalesce=False`: every copy asks Prefect, which deduplicates by the key), at 100 copies, as
 the issue measured it. Run by hand: `python bench/bench_receiver.py [--copies 1000] [--repeat 3]`.
 """
@@ -101,6 +103,25 @@ async def storm(port: int, alert: dict[str, Any], copies: int) -> dict[str, Any]
     }
 
 
+def serve_noop(port: int) -> None:
+    """The floor: a no-op ASGI app answering 202 under the same uvicorn (httptools, uvloop)."""
+    import uvicorn
+
+    payload = b'{"accepted": [{"start": "no-op"}]}'
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        while (await receive()).get("more_body"):
+            pass
+        await send({"type": "http.response.start", "status": 202, "headers": [
+            (b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]})
+        await send({"type": "http.response.body", "body": payload})
+
+    uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", backlog=4096,
+                                  timeout_keep_alive=120)).run()
+
+
 def _get(url: str) -> Any:
     with urllib.request.urlopen(url, timeout=30) as answer:
         return json.loads(answer.read())
@@ -137,10 +158,23 @@ def run(work: Path, copies: int, repeat: int, baseline_copies: int) -> list[dict
     rows = []
     try:
         _wait_http(f"{api}/health", 120, server)
+        port = _free()
+        floor = subprocess.Popen([sys.executable, __file__, "--noop", str(port)], cwd=ROOT, env=env, stdout=logs,
+                                 stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            _wait_http(f"http://127.0.0.1:{port}/healthz", 60, floor)
+            for attempt in range(repeat):
+                row = _uvloop_run(storm(port, _alert("noop"), copies))
+                row.update(case="floor: a no-op ASGI app, same uvicorn", attempt=attempt, starter_calls=0,
+                           api_requests=0, events=0, flow_runs=0)
+                rows.append(row)
+                print(_line(row), flush=True)
+        finally:
+            _stop(floor)
         for baseline in (False, True):
             port = _free()
             child = subprocess.Popen([sys.executable, "-m", "tests.receiver_process", str(port), str(config),
-                                      *(["--no-coalesce"] if baseline else [])], cwd=ROOT,
+                                      "--no-record", *(["--no-coalesce"] if baseline else [])], cwd=ROOT,
                                      env=env, stdout=logs, stderr=subprocess.STDOUT, start_new_session=True)
             try:
                 _wait_http(f"http://127.0.0.1:{port}/healthz", 120, child)
@@ -152,7 +186,7 @@ def run(work: Path, copies: int, repeat: int, baseline_copies: int) -> list[dict
                     for name, alert, count in cases:
                         runs_before = _flow_runs(api)
                         stats_before = _get(f"http://127.0.0.1:{port}/test/record")
-                        row = asyncio.run(storm(port, alert, count))
+                        row = _uvloop_run(storm(port, alert, count))
                         time.sleep(1.0)  # let late answers' Prefect calls land before counting
                         stats = _get(f"http://127.0.0.1:{port}/test/record")
                         row.update(case=name, attempt=attempt,
@@ -168,6 +202,13 @@ def run(work: Path, copies: int, repeat: int, baseline_copies: int) -> list[dict
         _stop(server)
         logs.close()
     return rows
+
+
+def _uvloop_run(coroutine: Any) -> Any:
+    """The client on uvloop too: the default loop's own cost per answer would be measured."""
+    import uvloop
+
+    return uvloop.run(coroutine)
 
 
 def _ms(value: float) -> str:
@@ -187,7 +228,11 @@ def main() -> int:
     parser.add_argument("--baseline-copies", type=int, default=100,
                         help="copies for the baseline without single-flight (default 100, as in issue 19)")
     parser.add_argument("--repeat", type=int, default=3, help="storms of each kind (default 3)")
+    parser.add_argument("--noop", type=int, metavar="PORT", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.noop:
+        serve_noop(args.noop)
+        return 0
     print("| storm | copies | 202 | unanswered (30 s) | p50 ms | p99 ms | max ms | starter calls | "
           "Prefect API requests | events | flow runs created | answered as |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |")

@@ -19,7 +19,7 @@ import sys
 from typing import Any
 
 
-def serve(port: int, config_path: str, *, coalesce: bool = True) -> None:
+def serve(port: int, config_path: str, *, coalesce: bool = True, record_alerts: bool = True) -> None:
     import httpx
     import uvicorn
 
@@ -79,7 +79,7 @@ def serve(port: int, config_path: str, *, coalesce: bool = True) -> None:
         flight = app.state.flight.stats
         return {**record, "in_flight_answers": flight.in_flight, "remembered_answers": flight.remembered}
 
-    uvicorn.Server(uvicorn.Config(recording, host="127.0.0.1", port=port, log_level="warning", backlog=4096,
+    uvicorn.Server(uvicorn.Config(recording if record_alerts else app, host="127.0.0.1", port=port, log_level="warning", backlog=4096,
                                   timeout_keep_alive=120)).run()
 
 
@@ -88,8 +88,10 @@ def main() -> int:
     parser.add_argument("port", type=int)
     parser.add_argument("config")
     parser.add_argument("--no-coalesce", action="store_true", help="every copy asks Prefect (the old receiver)")
+    parser.add_argument("--no-record", action="store_true",
+                        help="do not record each alert received (a benchmark's storm: that would be measured)")
     args = parser.parse_args()
-    serve(args.port, args.config, coalesce=not args.no_coalesce)
+    serve(args.port, args.config, coalesce=not args.no_coalesce, record_alerts=not args.no_record)
     return 0
 
 

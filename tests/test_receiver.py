@@ -246,3 +246,30 @@ def test_resolved_alerts_start_nothing_and_distinct_jobs_start_their_own() -> No
         assert [a["ignored"] for a in answer] == ["resolved", "resolved"]
     assert len(runs) == 2
     assert [e.status for e in events] == ["firing", "firing"] + ["resolved"] * 6
+
+
+def test_copies_take_the_fast_path_and_it_still_checks_auth(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A copy of a body already parsed is answered without parsing it again, but never
+    without checking its credentials; anything else takes the full path."""
+    import deployments.receiver as receiver
+
+    client, runs, _ = _client()
+    good = {"Authorization": "Bearer s3cret"}
+    first = client.post("/alerts/alertmanager", json=ALERTMANAGER, headers=good)
+    assert first.json()["accepted"][0]["start"] == "started"
+
+    def no_parsing(*args, **kwargs):
+        raise AssertionError("a copy was parsed again")
+
+    monkeypatch.setattr(receiver, "parse_alerts", no_parsing)
+    for _ in range(5):
+        copy = client.post("/alerts/alertmanager", json=ALERTMANAGER, headers=good)
+        assert copy.status_code == 202 and copy.json() == {"accepted": [{**first.json()["accepted"][0],
+                                                                         "start": "remembered"}]}
+    assert client.post("/alerts/alertmanager", json=ALERTMANAGER).status_code == 401
+    assert client.post("/alerts/alertmanager", json=ALERTMANAGER,
+                       headers={"Authorization": "Bearer wrong"}).status_code == 401
+    monkeypatch.undo()
+    other = {**ALERTMANAGER, "alerts": [{**ALERTMANAGER["alerts"][0], "fingerprint": "other"}]}
+    assert client.post("/alerts/alertmanager", json=other, headers=good).json()["accepted"][0]["start"] == "started"
+    assert len(runs) == 2
