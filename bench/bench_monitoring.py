@@ -22,8 +22,6 @@ Run by hand: ``python bench/bench_monitoring.py [--trials 3] [--settings 15s 1s]
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import re
 import statistics
 import subprocess
@@ -31,7 +29,6 @@ import sys
 import tempfile
 import time
 import urllib.parse
-import urllib.request
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -41,17 +38,15 @@ sys.path.insert(0, str(ROOT))
 
 from spikeops.sim import monitoring  # noqa: E402
 from spikeops.sim.slack import SlackServer  # noqa: E402
+from tests.receiver_process import http_json as _json  # noqa: E402
+from tests.receiver_process import prefect_env, wait_for  # noqa: E402
 from tests.test_e2e_serve import BIN, _free, _stop, _wait_http  # noqa: E402
 
+
+def _wait(check: Any, seconds: float, what: str) -> Any:
+    return wait_for(what, check, seconds, poll=0.05)
+
 TOKEN = "xoxb-bench-token-000000000"
-
-
-def _json(url: str, body: dict | None = None) -> Any:
-    data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"},
-                                     method="GET" if body is None else "POST")
-    with urllib.request.urlopen(request, timeout=30) as answer:
-        return json.loads(answer.read())
 
 
 def _stamp(text: str | None) -> float | None:
@@ -60,16 +55,6 @@ def _stamp(text: str | None) -> float | None:
         return None
     text = re.sub(r"(\.\d{6})\d+", r"\1", text.replace("Z", "+00:00"))
     return datetime.fromisoformat(text).timestamp()
-
-
-def _wait(check: Any, seconds: float, what: str) -> Any:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise RuntimeError(f"{what}: not within {seconds:.0f} s")
 
 
 def trial(chain: monitoring.Monitoring, api: str, slack: SlackServer, work: Path, job: str,
@@ -131,10 +116,7 @@ def main() -> int:
         config = work / "spikeops.toml"
         config.write_text(f'[incidents]\ndir = "{work}/incidents"\n[clusters.sim]\ninventory = "{work}/none.toml"\n'
                           f'run_dir = "{work}/runs/{{job}}"\nscheduler = "local"\nslack_channel = "#incidents"\n')
-        env = dict(os.environ, PREFECT_HOME=str(work / "prefect-home"), PREFECT_API_URL=api,
-                   PREFECT_SERVER_ANALYTICS_ENABLED="false", PREFECT_UI_ENABLED="false",
-                   PREFECT_LOGGING_LEVEL="WARNING", SLACK_BOT_TOKEN=TOKEN, SPIKEOPS_SLACK_API_URL=slack.api_url,
-                   PYTHONPATH=str(ROOT))
+        env = prefect_env(work, api, SLACK_BOT_TOKEN=TOKEN, SPIKEOPS_SLACK_API_URL=slack.api_url)
         logs = open(work / "processes.log", "wb")  # noqa: SIM115
         server = subprocess.Popen([str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port",
                                    str(prefect_port)], env=env, stdout=logs, stderr=subprocess.STDOUT,

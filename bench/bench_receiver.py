@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -42,6 +41,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from tests.receiver_process import prefect_env  # noqa: E402
 from tests.test_e2e_serve import BIN, _free, _stop, _wait_http  # noqa: E402
 
 TIMEOUT_S = 30.0
@@ -147,10 +147,7 @@ def run(work: Path, copies: int, repeat: int, baseline_copies: int) -> list[dict
     config.write_text(f'[incidents]\ndir = "{work}/incidents"\n'
                       f'[clusters.sim]\ninventory = "{work}/inventory.toml"\nrun_dir = "{work}/run"\n'
                       'scheduler = "local"\n')
-    env = dict(os.environ, PREFECT_HOME=str(work / "prefect-home"), PREFECT_API_URL=api,
-               PREFECT_SERVER_ANALYTICS_ENABLED="false", PREFECT_UI_ENABLED="false",
-               PREFECT_LOGGING_LEVEL="WARNING", PYTHONPATH=str(ROOT))
-    env.pop("SLACK_BOT_TOKEN", None)
+    env = prefect_env(work, api)
     logs = open(work / "servers.log", "wb")  # noqa: SIM115
     server = subprocess.Popen([str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port",
                                str(prefect_port)], env=env, stdout=logs, stderr=subprocess.STDOUT,

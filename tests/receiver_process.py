@@ -16,7 +16,45 @@ import argparse
 import json
 import os
 import sys
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def prefect_env(work: Path, api: str, **extra: str) -> dict[str, str]:
+    """The environment of the processes around a test's own Prefect server: its home in
+    ``work``, analytics and UI off, no Slack token unless given, the checkout importable."""
+    env = dict(os.environ, PREFECT_HOME=str(work / "prefect-home"), PREFECT_API_URL=api,
+               PREFECT_SERVER_ANALYTICS_ENABLED="false", PREFECT_UI_ENABLED="false",
+               PREFECT_LOGGING_LEVEL="WARNING", PYTHONPATH=str(ROOT))
+    env.pop("SLACK_BOT_TOKEN", None)
+    return {**env, **extra}
+
+
+def http_json(url: str, body: dict | None = None) -> Any:
+    """GET (or POST ``body``) and decode the JSON answer."""
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"},
+                                     method="GET" if body is None else "POST")
+    with urllib.request.urlopen(request, timeout=30) as answer:
+        return json.loads(answer.read())
+
+
+def wait_for(what: str, check: Callable[[], Any], seconds: float, why: Callable[[], str] = lambda: "",
+             poll: float = 0.1) -> Any:
+    """``check()``'s first truthy value; AssertionError naming ``what`` (and ``why()``) after
+    ``seconds``. A deadline for something that must happen, never a timing assert."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(poll)
+    raise AssertionError(f"{what}: not within {seconds:.0f} s. {why()}")
 
 
 def serve(port: int, config_path: str, *, coalesce: bool = True, record_alerts: bool = True) -> None:

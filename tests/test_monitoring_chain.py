@@ -13,41 +13,22 @@ evaluations); waits have generous deadlines and nothing is timed.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
 import urllib.parse
-import urllib.request
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from spikeops.sim import monitoring
 from tests.conftest import ROOT
+from tests.receiver_process import http_json as _json
+from tests.receiver_process import prefect_env
+from tests.receiver_process import wait_for as _until
 from tests.test_e2e_serve import BIN, _free, _stop, _wait_http
 
 JOBS = ("5001", "5002")
-
-
-def _until(what: str, check: Callable[[], Any], seconds: float, why: Callable[[], str] = lambda: "") -> Any:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.25)
-    raise AssertionError(f"{what}: not within {seconds:.0f} s. {why()}")
-
-
-def _json(url: str, body: dict | None = None) -> Any:
-    data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"},
-                                     method="GET" if body is None else "POST")
-    with urllib.request.urlopen(request, timeout=30) as answer:
-        return json.loads(answer.read())
 
 
 def _runs_by_job(api: str) -> dict[str, list[str]]:
@@ -81,10 +62,7 @@ def test_nan_through_prometheus_and_alertmanager_starts_one_run_per_job(tmp_path
     config.write_text(f'[incidents]\ndir = "{tmp_path}/incidents"\n'
                       f'[clusters.sim]\ninventory = "{tmp_path}/inventory.toml"\nrun_dir = "{tmp_path}/runs/{{job}}"\n'
                       'scheduler = "local"\n')
-    env = dict(os.environ, PREFECT_HOME=str(tmp_path / "prefect-home"), PREFECT_API_URL=api,
-               PREFECT_SERVER_ANALYTICS_ENABLED="false", PREFECT_UI_ENABLED="false", PREFECT_LOGGING_LEVEL="WARNING",
-               PYTHONPATH=str(ROOT))
-    env.pop("SLACK_BOT_TOKEN", None)
+    env = prefect_env(tmp_path, api)
     logs = open(tmp_path / "processes.log", "wb")  # noqa: SIM115
     started: list[subprocess.Popen] = []
 
@@ -154,3 +132,44 @@ def test_nan_through_prometheus_and_alertmanager_starts_one_run_per_job(tmp_path
         for process in reversed(started):
             _stop(process)
         logs.close()
+
+
+def test_up_down_status_and_their_errors(tmp_path: Path, installed: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """infra/monitoring/up and down as a user runs them: both servers up and ready, the local
+    Alertmanager config pointed at the receiver, a second up refused while it runs, down
+    idempotent and leaving the files, a missing binary a one-line reason."""
+    chain_dir = tmp_path / "mon"
+    receiver = "http://127.0.0.1:9/alerts/alertmanager"
+    done = subprocess.run([str(ROOT / "infra" / "monitoring" / "up"), "--dir", str(chain_dir), "--receiver", receiver,
+                           "--scrape-interval", "15s", "--evaluation-interval", "15s", "--repeat-interval", "1m"],
+                          capture_output=True, text=True, timeout=120)
+    try:
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.startswith("up: Prometheus at http://127.0.0.1:")
+        state = monitoring.status(chain_dir)
+        assert state["running"] and all(state["ready"].values())
+        config = json.loads((chain_dir / "alertmanager.yml").read_text())
+        hooks = [h["url"] for r in config["receivers"] for h in r.get("webhook_configs", [])]
+        route = next(r for r in config["route"]["routes"] if r["receiver"] == "spikeops")
+        assert hooks == [receiver] and route["repeat_interval"] == "1m"
+        checked = subprocess.run(["amtool", "check-config", str(chain_dir / "alertmanager.yml")],
+                                 capture_output=True, text=True, timeout=60)
+        assert checked.returncode == 0, checked.stdout
+        monitoring.add_target(chain_dir, "127.0.0.1:9")
+        chain = monitoring.load(chain_dir)
+        _until("the new target discovered", lambda: _json(f"{chain.prometheus_url}/api/v1/targets")["data"][
+            "activeTargets"], 30)
+        again = subprocess.run([str(ROOT / "infra" / "monitoring" / "up"), "--dir", str(chain_dir)],
+                               capture_output=True, text=True, timeout=60)
+        assert again.returncode == 2 and "already running" in again.stderr
+        assert len(again.stderr.strip().splitlines()) == 1
+    finally:
+        for _ in range(2):  # idempotent
+            stopped = subprocess.run([str(ROOT / "infra" / "monitoring" / "down"), "--dir", str(chain_dir)],
+                                     capture_output=True, text=True, timeout=60)
+            assert stopped.returncode == 0, stopped.stderr
+    assert not monitoring.status(chain_dir)["running"] and (chain_dir / "prometheus.yml").is_file()
+    monkeypatch.setenv("SPIKEOPS_ALERTMANAGER", str(tmp_path / "none"))
+    with pytest.raises(monitoring.ClusterError, match="apt-get install prometheus prometheus-alertmanager"):
+        monitoring.up(tmp_path / "other", receiver=receiver)
+    assert not (tmp_path / "other").exists()
