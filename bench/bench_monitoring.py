@@ -67,7 +67,7 @@ def trial(chain: monitoring.Monitoring, api: str, slack: SlackServer, work: Path
         monitoring.add_target(chain.directory, target)
         query = urllib.parse.urlencode({"query": f'training_step{{job_id="{job}"}}'})
         _wait(lambda: _json(f"{chain.prometheus_url}/api/v1/query?{query}")["data"]["result"], 120, "first scrape")
-        messages_before = len(slack.messages())
+        messages_before = len(slack.messages)
         nan = time.time()
         (folder / "nan").touch()
 
@@ -85,7 +85,7 @@ def trial(chain: monitoring.Monitoring, api: str, slack: SlackServer, work: Path
                     return flow_run
             return None
 
-        first_slack = _wait(lambda: len(slack.messages()) > messages_before and time.time(), 120, "Slack")
+        first_slack = _wait(lambda: len(slack.messages) > messages_before and time.time(), 120, "Slack")
         flow_run = _wait(run, 60, "the flow run")
         started = _wait(lambda: _stamp(_json(f"{api}/flow_runs/{flow_run['id']}").get("start_time")), 60,
                         "the flow run starting")
