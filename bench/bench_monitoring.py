@@ -87,8 +87,11 @@ def trial(chain: monitoring.Monitoring, api: str, slack: SlackServer, work: Path
 
         first_slack = _wait(lambda: len(slack.messages) > messages_before and time.time(), 120, "Slack")
         flow_run = _wait(run, 60, "the flow run")
-        started = _wait(lambda: _stamp(_json(f"{api}/flow_runs/{flow_run['id']}").get("start_time")), 60,
-                        "the flow run starting")
+        try:
+            started = _wait(lambda: _stamp(_json(f"{api}/flow_runs/{flow_run['id']}").get("start_time")), 60,
+                            "the flow run starting")
+        except AssertionError:  # reported as not started, not as a number
+            started = None
         return {"nan": nan, "firing": firing, "created": _stamp(flow_run["created"]), "running": started,
                 "slack": first_slack}
     finally:
@@ -109,13 +112,15 @@ def main() -> int:
           "firing -> first Slack message (s) | created -> running (s) | NaN -> first Slack message (s) |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     rows: dict[str, list[dict[str, float]]] = {}
-    with tempfile.TemporaryDirectory(prefix="spikeops-bench-monitoring-") as tmp, SlackServer(token=TOKEN) as slack:
-        work = Path(tmp)
+    work = Path(tempfile.mkdtemp(prefix="spikeops-bench-monitoring-"))  # kept: processes.log says what happened
+    print(f"(files in {work})", file=sys.stderr)
+    with SlackServer(token=TOKEN) as slack:
         prefect_port, receiver_port = _free(), _free()
         api = f"http://127.0.0.1:{prefect_port}/api"
         config = work / "spikeops.toml"
         config.write_text(f'[incidents]\ndir = "{work}/incidents"\n[clusters.sim]\ninventory = "{work}/none.toml"\n'
-                          f'run_dir = "{work}/runs/{{job}}"\nscheduler = "local"\nslack_channel = "#incidents"\n')
+                          f'run_dir = "{work}/runs/{{job}}"\nscheduler = "local"\nslack_channel = "#incidents"\n'
+                          'approval = "never"\n')  # nothing to wait for: the runs end at once
         env = prefect_env(work, api, SLACK_BOT_TOKEN=TOKEN, SPIKEOPS_SLACK_API_URL=slack.api_url)
         logs = open(work / "processes.log", "wb")  # noqa: SIM115
         server = subprocess.Popen([str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port",
@@ -139,11 +144,11 @@ def main() -> int:
                         job += 1
                         t = trial(chain, api, slack, work, str(job), env, logs)
                         row = {"to_firing": t["firing"] - t["nan"], "to_created": t["created"] - t["firing"],
-                               "to_slack": t["slack"] - t["firing"], "to_running": t["running"] - t["created"],
-                               "total": t["slack"] - t["nan"]}
+                               "to_slack": t["slack"] - t["firing"], "total": t["slack"] - t["nan"],
+                               "to_running": t["running"] - t["created"] if t["running"] else float("nan")}
                         rows.setdefault(setting, []).append(row)
                         print(f"| {setting} / {setting} | {number + 1} | {row['to_firing']:.2f} | "
-                              f"{row['to_created']:.2f} | {row['to_slack']:.2f} | {row['to_running']:.2f} | "
+                              f"{row['to_created']:.2f} | {row['to_slack']:.2f} | {_s(row['to_running'])} | "
                               f"{row['total']:.2f} |", flush=True)
                 finally:
                     monitoring.down(chain_dir)
@@ -153,10 +158,15 @@ def main() -> int:
             _stop(server)
             logs.close()
     for setting, measured in rows.items():
-        medians = {k: statistics.median(r[k] for r in measured) for k in measured[0]}
+        medians = {k: statistics.median(r[k] for r in measured if r[k] == r[k]) if any(r[k] == r[k] for r in measured)
+                   else float("nan") for k in measured[0]}
         print(f"| {setting} / {setting} | median | {medians['to_firing']:.2f} | {medians['to_created']:.2f} | "
-              f"{medians['to_slack']:.2f} | {medians['to_running']:.2f} | {medians['total']:.2f} |")
+              f"{medians['to_slack']:.2f} | {_s(medians['to_running'])} | {medians['total']:.2f} |")
     return 0
+
+
+def _s(seconds: float) -> str:
+    return "not within 60 s" if seconds != seconds else f"{seconds:.2f}"
 
 
 if __name__ == "__main__":
