@@ -6,12 +6,15 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
-# Debian packages the test suite needs (installed only when missing; see infra/apt-ensure.sh).
-APT_PACKAGES := openssh-server munge slurmctld slurmd slurm-client busybox chromium chromium-driver
+# Debian packages the test suite needs (installed only when missing; see infra/apt-ensure.sh):
+# sshd and Slurm for the clusters, busybox for the collector's runner under a minimal shell,
+# Prometheus and Alertmanager for the monitoring chain, Chromium for the Prefect UI checks.
+APT_PACKAGES := openssh-server munge slurmctld slurmd slurm-client busybox prometheus prometheus-alertmanager chromium chromium-driver
 # The demo's nodes are real sshd servers (Slurm is used when installed, never installed for it).
 DEMO_APT_PACKAGES := openssh-server
-# ... and the benchmarks' baselines (pdsh; clush comes with ClusterShell from PyPI).
-BENCH_APT_PACKAGES := openssh-server pdsh time
+# ... and the benchmarks' baselines (pdsh; clush comes with ClusterShell from PyPI; GNU time for
+# peak memory), and the monitoring chain of bench_monitoring.py.
+BENCH_APT_PACKAGES := openssh-server pdsh time prometheus prometheus-alertmanager
 
 .PHONY: demo test venv apt bench example clean help
 
@@ -46,6 +49,8 @@ bench: $(STAMP)
 	$(BIN)/python bench/bench_checkpoint.py
 	$(BIN)/python bench/bench_train_logger.py
 	$(BIN)/python bench/bench_incident.py
+	$(BIN)/python bench/bench_receiver.py
+	$(BIN)/python bench/bench_monitoring.py
 	$(BIN)/python bench/bench_demo.py
 
 example: $(STAMP)

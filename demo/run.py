@@ -10,7 +10,13 @@ anything, so the demo builds one and tears it down:
    nodes and writes its metrics step by step, diverging as the scenario says;
 3. the watcher (``spikeops.watch``) follows the job's metrics.jsonl and fires the incident flow
    on the anomaly; when it sees none (a false alarm), an alert fires anyway, as a noisy
-   Alertmanager rule would, and the flow must conclude that nothing is wrong;
+   Alertmanager rule would, and the flow must conclude that nothing is wrong. With
+   ``monitoring="prometheus"`` (``--monitoring prometheus``) the real chain replaces the watcher:
+   the job serves its metrics (``spikeops.train.PrometheusExporter``), Debian's Prometheus
+   scrapes them every second and evaluates ``infra/monitoring/prometheus-rules.yml``, and
+   Debian's Alertmanager posts what fires to the real receiver (``deployments/receiver.py``),
+   whose starter hands the alert to the demo; when no rule fires within seconds of the job's
+   last step (a spike shorter than the rule's ``for``, a log-only job), the alert fires anyway;
 4. the incident flow runs against an ephemeral Prefect server whose database lives in the demo
    directory. Each Slack message it would post (the outbox: the demo has no token) is printed
    as it is written; an approval request is answered by the demo, as a person would in the UI;
@@ -79,6 +85,7 @@ class DemoOptions:
     scheduler: str = "auto"  # auto | slurm | local
     rate: float = 60.0
     approval: str = "auto-hardware"
+    monitoring: str = "watcher"  # watcher | prometheus
 
 
 @dataclass
@@ -218,6 +225,97 @@ def _watch(metrics: Path, last_step: int, say: Callable[[str], None], found: lis
             return
 
 
+#: The monitoring modes of ``--monitoring``.
+MONITORING = ("watcher", "prometheus")
+#: With Prometheus: how long after the job's last write the demo waits for a rule to fire.
+_QUIET_S = 10.0
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class _AlertInbox:
+    """The real receiver (``deployments.receiver.create_app``, under uvicorn on loopback) whose
+    starter hands each firing alert of the demo's job to the demo, which runs the flow itself
+    (its printer and approver follow it there); an alert for another job is refused (400)."""
+
+    def __init__(self, stack: ExitStack) -> None:
+        import queue
+
+        import uvicorn
+
+        from deployments.receiver import ReceiverConfig, create_app
+
+        self.job: str | None = None
+        self.alerts: queue.Queue[Any] = queue.Queue()
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}/alerts/alertmanager"
+        app = create_app(self._start, ReceiverConfig(token=None, hmac_key=None))
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="error"))
+        thread = threading.Thread(target=self.server.run, name="demo-receiver", daemon=True)
+        thread.start()
+        stack.callback(self._stop, thread)
+        deadline = time.monotonic() + 30
+        while not self.server.started:
+            if not thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError(f"the demo's receiver did not start on 127.0.0.1:{self.port}")
+            time.sleep(0.02)
+
+    def _start(self, alert: Any, key: str) -> str:
+        from spikeops.errors import InputError
+
+        if alert.job != self.job:
+            raise InputError(f"job {alert.job} is not the demo's job {self.job}")
+        self.alerts.put(alert)
+        return f"demo:{key}"
+
+    def _stop(self, thread: threading.Thread) -> None:
+        self.server.should_exit = True
+        thread.join(5)
+
+
+def _start_monitoring(directory: Path, inbox: _AlertInbox, exporter: str, stack: ExitStack,
+                      say: Callable[[str], None], keep: bool) -> None:
+    from spikeops.sim import monitoring
+
+    chain = monitoring.up(directory / "monitoring", receiver=inbox.url, targets=[exporter])
+    if not keep:
+        stack.callback(monitoring.down, directory / "monitoring")
+    say(f"prometheus: {chain.prometheus_url} scrapes the job's exporter at {exporter} every "
+        f"{chain.scrape_interval} and evaluates infra/monitoring/prometheus-rules.yml every {chain.evaluation_interval}"
+        f" (NaN, spike, loss-scale collapse, throughput drop)")
+    say(f"alertmanager: {chain.alertmanager_url} routes them to the receiver at {inbox.url}")
+
+
+def _await_alert(inbox: _AlertInbox, followed: Path, say: Callable[[str], None], found: list[Any],
+                 stop: threading.Event, timeout: float) -> None:
+    """The first alert the receiver hands over; none once the job has written nothing for
+    ``_QUIET_S`` seconds (its replay is over) or after ``timeout``."""
+    import queue
+
+    deadline = time.monotonic() + timeout
+    size, quiet_since = -1, time.monotonic()
+    while time.monotonic() < deadline and not stop.is_set():
+        try:
+            alert = inbox.alerts.get(timeout=0.2)
+        except queue.Empty:
+            alert = None
+        if alert is not None:
+            say(f"alertmanager -> receiver: {alert.name} firing for job {alert.job} (since {alert.starts_at})")
+            found.append(alert)
+            return
+        now_size = followed.stat().st_size if followed.is_file() else -1
+        if now_size != size:
+            size, quiet_since = now_size, time.monotonic()
+        elif size >= 0 and time.monotonic() - quiet_since > _QUIET_S:
+            return
+
+
 def _last_step(scenario: Path) -> int:
     """The last step the job will log: the watcher stops there."""
     from spikeops.probes.training_log import parse, parse_metrics_jsonl
@@ -245,6 +343,14 @@ def run_demo(options: DemoOptions, out: TextIO = sys.stdout) -> DemoResult:
         raise InputError(f"unknown scenario {options.scenario!r}; `spikeops demo --list` shows them")
     if not 2 <= options.nodes <= 64:
         raise InputError("--nodes: between 2 and 64")
+    if options.monitoring not in MONITORING:
+        raise InputError(f"--monitoring: one of {', '.join(MONITORING)}")
+    if options.monitoring == "prometheus":
+        from spikeops.sim import monitoring
+
+        why_not = monitoring.missing()
+        if why_not is not None:
+            raise InputError(f"--monitoring prometheus: {why_not}")
     say = _Printer(out)
     directory = Path(options.directory or tempfile.mkdtemp(prefix="spikeops-demo-")).resolve()
     directory.mkdir(parents=True, exist_ok=True)
@@ -274,6 +380,11 @@ def run_demo(options: DemoOptions, out: TextIO = sys.stdout) -> DemoResult:
         run_dir = directory / "run"
         job_argv = [sys.executable, "-m", "spikeops.sim.trainjob", "--scenario", str(scenario), "--run-dir",
                     str(run_dir), "--checkpoint-root", str(directory / "ckpt"), "--rate", str(options.rate)]
+        inbox = None
+        if options.monitoring == "prometheus":
+            inbox = _AlertInbox(stack)
+            exporter = f"127.0.0.1:{_free_port()}"
+            job_argv += ["--metrics-addr", exporter, "--cluster", "demo"]
         scheduler, job, scheduler_params = _start_job(options, directory, cluster.nodes, job_argv, stack, say,
                                                       use_slurm)
         if not options.keep:  # also when the demo fails half-way: no job outlives it
@@ -281,19 +392,36 @@ def run_demo(options: DemoOptions, out: TextIO = sys.stdout) -> DemoResult:
         _link_job_logs(directory / "cluster", scenario, job)
         found: list[Any] = []
         followed = run_dir / ("metrics.jsonl" if (scenario / "metrics.jsonl").is_file() else "train.log")
-        watcher = threading.Thread(target=_watch, args=(followed, _last_step(scenario), say, found, stop, 120.0),
-                                   name="demo-watch", daemon=True)
-        say(f"watcher: following {followed} (NaN, robust-z spikes of loss and grad norm, "
-            "loss-scale collapse, throughput drop)")
+        if inbox is not None:
+            inbox.job = job
+            watcher = threading.Thread(target=_await_alert, args=(inbox, followed, say, found, stop, 120.0),
+                                       name="demo-alerts", daemon=True)
+            _start_monitoring(directory, inbox, exporter, stack, say, options.keep)
+        else:
+            watcher = threading.Thread(target=_watch, args=(followed, _last_step(scenario), say, found, stop, 120.0),
+                                       name="demo-watch", daemon=True)
+            say(f"watcher: following {followed} (NaN, robust-z spikes of loss and grad norm, "
+                "loss-scale collapse, throughput drop)")
         watcher.start()
         api = prefect_server.ready()
         say(f"prefect: ephemeral server at {api} (database in {directory / 'prefect'})")
         watcher.join()
-        if found:
+        if found and inbox is not None:
+            alert = found[0]
+            result.fired_by = "prometheus"
+            result.anomaly = {"kind": alert.name, "step": None, "detail": f"{alert.name} firing for job {alert.job} "
+                              f"since {alert.starts_at}", "labels": alert.labels}
+            say(f"prometheus: {alert.name} -> starting the incident flow")
+        elif found:
             anomaly = found[0]
             result.fired_by = "watcher"
             result.anomaly = {"kind": anomaly.kind, "step": anomaly.step, "detail": anomaly.detail}
             say(f"watcher: {anomaly.kind} at step {anomaly.step}: {anomaly.detail} -> starting the incident flow")
+        elif inbox is not None:
+            result.fired_by = "alert"
+            say(f"prometheus: no rule fired within {_QUIET_S:.0f} s of the job's last step (a spike shorter than "
+                "the rule's `for`, a job that logs only text); the scenario's alert fires anyway -> starting the "
+                "incident flow")
         else:
             result.fired_by = "alert"
             say("watcher: no NaN, spike, loss-scale collapse or throughput drop in the metrics; the scenario's "
@@ -472,6 +600,11 @@ def stop_demo(directory: str | Path) -> list[str]:
             if job.state == "RUNNING":
                 scheduler.stop(job.job_id, grace=0.5)
                 stopped.append(f"job {job.job_id}")
+    if (root / "monitoring" / "cluster.json").is_file():
+        from spikeops.sim import monitoring
+
+        monitoring.down(root / "monitoring")
+        stopped.append("monitoring")
     if (root / "slurm").is_dir():
         from spikeops.sim import slurmcluster
 

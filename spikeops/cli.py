@@ -430,7 +430,7 @@ def _cmd_demo(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         raise InputError("--nodes: between 2 and 64")
     try:
         run_demo(DemoOptions(scenario=args.scenario, nodes=args.nodes, seed=args.seed, keep=args.keep,
-                             directory=args.dir, scheduler=args.scheduler), out)
+                             directory=args.dir, scheduler=args.scheduler, monitoring=args.monitoring), out)
     except SpikeopsError:
         raise
     except Exception as exc:  # a daemon that would not start, a flow that failed: one line, what was built stays
@@ -684,6 +684,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--dir", type=Path, default=None, help="where the demo's files go (default: a new temp dir)")
     demo.add_argument("--scheduler", choices=("auto", "slurm", "local"), default="auto",
                       help="auto (default): the real Slurm when its daemons are installed and we are root")
+    demo.add_argument("--monitoring", choices=("watcher", "prometheus"), default="watcher",
+                      help="what notices the anomaly: spikeops' watcher (default), or the real Prometheus and "
+                      "Alertmanager (Debian's packages, when installed) with the shipped rules, through the receiver")
     demo.add_argument("--keep", action="store_true", help="leave the cluster and jobs running (stop: --stop DIR)")
     demo.add_argument("--list", action="store_true", help="list the scenarios and exit")
     demo.add_argument("--stop", type=Path, metavar="DIR", help="stop what a --keep demo left running in DIR")

@@ -17,6 +17,11 @@ reaches every cause. So this process:
   checkpoint-and-exit request, as ``scancel --signal=USR1 --batch`` sends) and SIGTERM end it
   cleanly; ``hold`` seconds end it anyway, so a forgotten demo job cannot run forever.
 
+With ``--metrics-addr HOST:PORT`` the job also serves each replayed step on a Prometheus
+``/metrics`` endpoint (``spikeops.train.PrometheusExporter``, labelled with the scheduler's job
+id and ``--cluster``), as a real job instrumented with spikeops.train would: what
+``spikeops demo --monitoring prometheus`` scrapes.
+
 Started again with ``SPIKEOPS_RESUME_FROM`` set (the incident flow's resume), it records what
 it was asked to do (``resumed.json``: checkpoint, remediation, nodes) and waits, healthy.
 
@@ -139,8 +144,9 @@ class _Stop(Exception):
 
 
 def replay(scenario: str | Path, run_dir: str | Path, *, rate: float = 60.0, checkpoint_root: str | Path | None = None,
-           hold: float = 600.0) -> int:
-    """Replay the scenario into ``run_dir``; returns the last step written."""
+           hold: float = 600.0, exporter: Any = None) -> int:
+    """Replay the scenario into ``run_dir``; returns the last step written. ``exporter``
+    (a ``PrometheusExporter``) observes each step's metrics record as it is written."""
     scenario, run = Path(scenario), Path(run_dir)
     run.mkdir(parents=True, exist_ok=True)
     checkpoints = {}
@@ -172,6 +178,12 @@ def replay(scenario: str | Path, run_dir: str | Path, *, rate: float = 60.0, che
                 lines = streams[name].get(step)
                 if lines:
                     handle.write("\n".join(lines) + "\n")
+            if exporter is not None:
+                for line in streams["metrics.jsonl"].get(step, ()):
+                    try:
+                        exporter.observe(json.loads(line))  # NaN tokens read as NaN
+                    except ValueError:
+                        pass
             last = step
             if step in history and index + 1 < len(history):
                 continue
@@ -239,13 +251,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--checkpoint-root", type=Path, default=None, help="the real checkpoint directories")
     parser.add_argument("--rate", type=float, default=60.0, help="steps a second inside the incident window")
     parser.add_argument("--hold", type=float, default=600.0, help="seconds to wait to be stopped, at most")
+    parser.add_argument("--metrics-addr", metavar="HOST:PORT", default=None,
+                        help="also serve the step metrics for Prometheus there (spikeops.train.PrometheusExporter)")
+    parser.add_argument("--cluster", default=None, help="the exporter's cluster label")
     args = parser.parse_args(argv)
     for number in (signal.SIGUSR1, signal.SIGTERM):
         signal.signal(number, _on_signal)
     try:
         if os.environ.get("SPIKEOPS_RESUME_FROM"):
             return _resumed(args.run_dir, args.hold)
-        replay(args.scenario, args.run_dir, rate=args.rate, checkpoint_root=args.checkpoint_root, hold=args.hold)
+        exporter = None
+        if args.metrics_addr:
+            from spikeops.train import PrometheusExporter
+
+            job = os.environ.get("SLURM_JOB_ID") or os.environ.get("SPIKEOPS_LOCAL_JOB") or "demo"
+            exporter = PrometheusExporter(args.metrics_addr, job_id=job, cluster=args.cluster)
+        replay(args.scenario, args.run_dir, rate=args.rate, checkpoint_root=args.checkpoint_root, hold=args.hold,
+               exporter=exporter)
     except _Stop:
         print("stop requested: exiting", flush=True)
     except (OSError, ValueError) as exc:

@@ -3,6 +3,8 @@ prevention checklist, in a few lines of any training loop. Importable without to
 is used when the job has imported it.
 
 - ``MetricsLogger``: metrics.jsonl, ranks.jsonl, batches.jsonl in the bundle formats;
+- ``PrometheusExporter``: the same step metrics on a ``/metrics`` endpoint, for the alerting
+  rules in ``infra/monitoring/`` (docs/monitoring.md);
 - ``GradGuard``, ``NanGuard``, ``filter_samples``: grad-norm clip and z-score alarm, the
   first NaN recorded and alerted, max-length/empty/duplicate filters;
 - ``capture_state``/``restore_state``/``FingerprintCheck``: RNG and sampler state with the
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 from spikeops.train.anomaly import AnomalyLocator
 from spikeops.train.checkpointing import on_checkpoint_saved
+from spikeops.train.exporter import PrometheusExporter
 from spikeops.train.guards import FilterStats, GradGuard, NanGuard, NonFiniteLoss, filter_samples
 from spikeops.train.logger import MetricsLogger, batch_record, fingerprint
 from spikeops.train.remedies import ReplayRequest, ResumeRequest
@@ -33,7 +36,7 @@ from spikeops.train.resume import (
 )
 
 __all__ = [
-    "MetricsLogger", "fingerprint", "batch_record",
+    "MetricsLogger", "fingerprint", "batch_record", "PrometheusExporter",
     "GradGuard", "NanGuard", "NonFiniteLoss", "filter_samples", "FilterStats",
     "capture_state", "restore_state", "save_state", "load_state", "FingerprintCheck", "DataOrderWarning",
     "AnomalyLocator", "on_checkpoint_saved", "ResumeRequest", "ReplayRequest",

@@ -95,11 +95,13 @@ class MetricsLogger:
         log.batch(step, sample_ids=ids, token_counts=lengths, source=shard)
         log.close()
 
-    ``metrics.jsonl`` is written by rank 0 only (``step`` is a no-op elsewhere).
+    ``metrics.jsonl`` is written by rank 0 only (``step`` is a no-op elsewhere). With an
+    ``exporter`` (``spikeops.train.exporter.PrometheusExporter``), each step's record is also
+    what Prometheus scrapes; ``close`` closes it.
     """
 
     def __init__(self, directory: str | Path, *, rank: int = 0, flush_every: int = 20,
-                 per_rank_files: bool = False) -> None:
+                 per_rank_files: bool = False, exporter: Any = None) -> None:
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         self.rank = rank
@@ -110,6 +112,7 @@ class MetricsLogger:
         self._last_time: float | None = None
         self._lock = threading.Lock()
         self._suffix = f".rank{rank}" if per_rank_files else ""
+        self.exporter = exporter
         self.closed = False
 
     def path(self, kind: str) -> Path:
@@ -136,6 +139,8 @@ class MetricsLogger:
                   "throughput": round(throughput, 3) if isinstance(throughput, float) and math.isfinite(throughput)
                   else _number(throughput)}
         self._add("metrics", record)
+        if self.exporter is not None:
+            self.exporter.observe(record)
         self._tick()
 
     def rank_row(self, step: int, *, loss: Any = None, grad_norm: Any = None, mem_allocated_gb: Any = None,
@@ -192,6 +197,8 @@ class MetricsLogger:
                 os.close(fd)
             self._fds.clear()
             self.closed = True
+        if self.exporter is not None:
+            self.exporter.close()
 
     def __enter__(self) -> MetricsLogger:
         return self

@@ -1,0 +1,60 @@
+"""spikeops.train.PrometheusExporter: what Prometheus scrapes from a job."""
+
+from __future__ import annotations
+
+import math
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from spikeops.train import MetricsLogger, PrometheusExporter
+
+
+def _scrape(exporter: PrometheusExporter) -> dict[str, tuple[dict[str, str], float]]:
+    host, port = exporter.address  # type: ignore[misc]
+    with urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=10) as answer:
+        text = answer.read().decode()
+    return {sample.name: (sample.labels, sample.value)
+            for family in text_string_to_metric_families(text) for sample in family.samples}
+
+
+def test_the_logger_feeds_the_exporter(tmp_path: Path) -> None:
+    exporter = PrometheusExporter("127.0.0.1:0", job_id="4412", cluster="prod")
+    with MetricsLogger(tmp_path, exporter=exporter, flush_every=1) as log:
+        log.step(10, loss=2.5, lr=3e-4, grad_norm=1.2, loss_scale=65536.0, tokens=4096, time_=100.0)
+        log.step(11, loss=2.4, lr=3e-4, grad_norm=1.1, loss_scale=65536.0, tokens=4096, time_=101.0)
+        seen = _scrape(exporter)
+        assert seen["training_step"] == ({"job_id": "4412", "cluster": "prod"}, 11.0)
+        assert seen["training_loss"][1] == 2.4 and seen["training_loss_scale"][1] == 65536.0
+        assert seen["training_tokens_per_second"][1] == 4096.0  # one step of 4096 tokens in 1 s
+        assert seen["training_nonfinite_loss_total"][1] == 0.0
+        log.step(12, loss=float("nan"), lr=3e-4, grad_norm=float("nan"), tokens=4096, time_=102.0)
+        log.step(13, loss=float("inf"), lr=3e-4, tokens=4096, time_=103.0)
+        log.step(14, loss=2.3, lr=3e-4, tokens=4096, time_=104.0)
+        seen = _scrape(exporter)
+        # the last step is finite again; the counter still says two were not (a NaN between scrapes)
+        assert seen["training_loss"][1] == 2.3 and seen["training_nonfinite_loss_total"][1] == 2.0
+        log.step(15, loss=float("nan"), lr=3e-4, tokens=4096, time_=105.0)
+        assert math.isnan(_scrape(exporter)["training_loss"][1])
+        assert (tmp_path / "metrics.jsonl").read_text().count("\n") == 6  # the file is still written
+    with pytest.raises((urllib.error.URLError, OSError)):  # closing the logger closed the endpoint
+        _scrape(exporter)
+
+
+def test_fields_never_logged_have_no_series_and_bad_input_is_refused() -> None:
+    with PrometheusExporter("127.0.0.1:0", job_id="7", labels={"team": "llm"}) as exporter:
+        assert "training_step" not in _scrape(exporter)  # nothing logged yet: no gauges, a zero counter
+        exporter.observe({"step": 1, "loss": 3.0, "loss_scale": None, "lr": "not a number"})
+        seen = _scrape(exporter)
+        assert seen["training_loss"] == ({"job_id": "7", "team": "llm"}, 3.0)
+        assert "training_loss_scale" not in seen and "training_lr" not in seen and "training_grad_norm" not in seen
+    with pytest.raises(ValueError, match="job_id"):
+        PrometheusExporter("127.0.0.1:0", job_id="")
+    with pytest.raises(ValueError, match="HOST:PORT"):
+        PrometheusExporter("127.0.0.1", job_id="7")
+    unserved = PrometheusExporter(job_id="8", serve=False)
+    unserved.observe({"step": 3, "loss": 1.0})
+    assert 'training_step{job_id="8"} 3.0' in unserved.text() and unserved.address is None
