@@ -59,7 +59,15 @@ SCENARIOS: dict[str, str] = {
     "loss_scale_collapse": "the fp16 loss scale falls by orders of magnitude",
     "corrupted_checkpoint": "the run resumed from a checkpoint that fails its checksums",
     "false_alarm": "an alert fires but the metrics show nothing anomalous",
+    # the replay gate, on a real training job (examples/train_tiny.py, one process per node)
+    "sdc_persistent": "a GPU silently corrupts its matmuls from one step on; the replay gate convicts its node",
+    "sdc_transient": "a GPU flips one bit once; the replay gate finds nothing that comes back (transient)",
+    "replay_data": "an overlong sample, no faulty GPU; the replay gate reproduces it everywhere and acquits the GPUs",
 }
+#: Scenarios played by a real training job whose spike the replay gate re-executes.
+REPLAY_SCENARIOS = ("sdc_persistent", "sdc_transient", "replay_data")
+#: The real job's size: 3 processes (one per node), 24 steps, a checkpoint every 10, the fault at 23.
+_REAL_NODES, _REAL_STEPS, _REAL_FAULT = 3, 24, 23
 
 #: The demo's loopback range; ports are picked free, so two demos can run side by side.
 FIRST_ADDRESS = "127.0.60.11"
@@ -210,11 +218,12 @@ def _approver(say: Callable[[str], None], stop: threading.Event) -> None:
 
 
 def _watch(metrics: Path, last_step: int, say: Callable[[str], None], found: list[Any],
-           stop: threading.Event, timeout: float) -> None:
+           stop: threading.Event, timeout: float, short: bool = False) -> None:
     from spikeops.watch.detect import Detector, WatchConfig
     from spikeops.watch.sources import follow_log, follow_metrics
 
-    detector = Detector(WatchConfig())
+    # a 24-step job has no warmup to wait out: judge from its tenth step
+    detector = Detector(WatchConfig(warmup_steps=10, min_history=10) if short else WatchConfig())
     follow = follow_metrics if metrics.name.endswith(".jsonl") else follow_log
     for record in follow(metrics, from_start=True, stop=stop.is_set, timeout=timeout, poll_s=0.1):
         anomaly = detector.feed(record)
@@ -339,7 +348,7 @@ def run_demo(options: DemoOptions, out: TextIO = sys.stdout) -> DemoResult:
 
     from spikeops.errors import InputError
 
-    if options.scenario not in CAUSES:
+    if options.scenario not in CAUSES and options.scenario not in REPLAY_SCENARIOS:
         raise InputError(f"unknown scenario {options.scenario!r}; `spikeops demo --list` shows them")
     if not 2 <= options.nodes <= 64:
         raise InputError("--nodes: between 2 and 64")
@@ -358,47 +367,56 @@ def run_demo(options: DemoOptions, out: TextIO = sys.stdout) -> DemoResult:
     use_slurm = options.scheduler == "slurm" or (options.scheduler == "auto" and _slurm_available())
     result = DemoResult(directory=directory, scheduler="slurm" if use_slurm else "local")
     say(f"spikeops demo: scenario {options.scenario} ({SCENARIOS.get(options.scenario, '')}), "
-        f"{options.nodes} nodes, in {directory}")
+        f"{_REAL_NODES if options.scenario in REPLAY_SCENARIOS else options.nodes} nodes, in {directory}")
     _quiet_prefect_environment(directory)
     prefect_server = _PrefectServer()
     stop = threading.Event()
     with ExitStack() as stack:
         stack.callback(prefect_server.stop)
         port = simcluster.free_port((FIRST_ADDRESS,))
-        cluster = simcluster.up(directory / "cluster", nodes=options.nodes, scenario=options.scenario, seed=seed,
-                                port=port, first_address=FIRST_ADDRESS)
+        real = options.scenario in REPLAY_SCENARIOS
+        nodes = _REAL_NODES if real else options.nodes
+        # a real job's nodes show healthy hardware: what convicts or acquits them is the replay
+        cluster = simcluster.up(directory / "cluster", nodes=nodes, scenario="false_alarm" if real else
+                                options.scenario, seed=seed, port=port, first_address=FIRST_ADDRESS)
         if not options.keep:
             stack.callback(simcluster.down, directory / "cluster")
         say(f"cluster: {len(cluster.nodes)} nodes, each a real sshd on loopback "
             f"({FIRST_ADDRESS} and up, port {port}), strict host keys")
         scenario = cluster.scenario_bundle
-        checkpoints = lay_checkpoints(directory / "ckpt", scenario)
-        say(f"checkpoints: {len(checkpoints)} with manifests under {directory / 'ckpt'}")
-        seeded = seed_baselines(directory / "baselines", scenario)
-        say(f"baselines: {len(seeded)} nodes' counters from before the incident, in {directory / 'baselines'} "
-            "(what the scheduled refresh keeps)")
         run_dir = directory / "run"
-        job_argv = [sys.executable, "-m", "spikeops.sim.trainjob", "--scenario", str(scenario), "--run-dir",
-                    str(run_dir), "--checkpoint-root", str(directory / "ckpt"), "--rate", str(options.rate)]
+        if real:
+            job_argv, checkpoint_root, last_step = _real_job(options.scenario, cluster.nodes, run_dir, say)
+        else:
+            checkpoint_root = directory / "ckpt"
+            checkpoints = lay_checkpoints(checkpoint_root, scenario)
+            say(f"checkpoints: {len(checkpoints)} with manifests under {checkpoint_root}")
+            seeded = seed_baselines(directory / "baselines", scenario)
+            say(f"baselines: {len(seeded)} nodes' counters from before the incident, in {directory / 'baselines'} "
+                "(what the scheduled refresh keeps)")
+            job_argv = [sys.executable, "-m", "spikeops.sim.trainjob", "--scenario", str(scenario), "--run-dir",
+                        str(run_dir), "--checkpoint-root", str(checkpoint_root), "--rate", str(options.rate)]
+            last_step = _last_step(scenario)
         inbox = None
         if options.monitoring == "prometheus":
             inbox = _AlertInbox(stack)
             exporter = f"127.0.0.1:{_free_port()}"
             job_argv += ["--metrics-addr", exporter, "--cluster", "demo"]
         scheduler, job, scheduler_params = _start_job(options, directory, cluster.nodes, job_argv, stack, say,
-                                                      use_slurm)
+                                                      use_slurm, spares=len(cluster.nodes) if real else 1)
         if not options.keep:  # also when the demo fails half-way: no job outlives it
             stack.callback(_stop_jobs, scheduler, use_slurm)
-        _link_job_logs(directory / "cluster", scenario, job)
+        if not real:
+            _link_job_logs(directory / "cluster", scenario, job)
         found: list[Any] = []
-        followed = run_dir / ("metrics.jsonl" if (scenario / "metrics.jsonl").is_file() else "train.log")
+        followed = run_dir / ("metrics.jsonl" if real or (scenario / "metrics.jsonl").is_file() else "train.log")
         if inbox is not None:
             inbox.job = job
             watcher = threading.Thread(target=_await_alert, args=(inbox, followed, say, found, stop, 120.0),
                                        name="demo-alerts", daemon=True)
             _start_monitoring(directory, inbox, exporter, stack, say, options.keep)
         else:
-            watcher = threading.Thread(target=_watch, args=(followed, _last_step(scenario), say, found, stop, 120.0),
+            watcher = threading.Thread(target=_watch, args=(followed, last_step, say, found, stop, 300.0, real),
                                        name="demo-watch", daemon=True)
             say(f"watcher: following {followed} (NaN, robust-z spikes of loss and grad norm, "
                 "loss-scale collapse, throughput drop)")
@@ -426,10 +444,12 @@ def run_demo(options: DemoOptions, out: TextIO = sys.stdout) -> DemoResult:
             result.fired_by = "alert"
             say("watcher: no NaN, spike, loss-scale collapse or throughput drop in the metrics; the scenario's "
                 "alert fires anyway, as an Alertmanager rule would -> starting the incident flow")
+        if real:  # the replays start from the job's checkpoints: let it finish writing them
+            _wait_job(scheduler, job, use_slurm, 300.0)
         result.outcome = _run_flow(options, directory, cluster, job, run_dir, scheduler_params, result, say, api,
-                                   stack)
+                                   stack, checkpoint_root=checkpoint_root, replay=real)
         result.diagnosis = json.loads((Path(result.outcome["bundle"]) / "diagnosis.json").read_text())
-        result.resumed = _resumed_run(run_dir, result.outcome)
+        result.resumed = None if real else _resumed_run(run_dir, result.outcome)
         _summarise(result, say)
         if options.keep:
             say(f"--keep: the cluster and jobs stay up; stop them with: spikeops demo --stop {directory}")
@@ -450,21 +470,52 @@ def _job_environment(extra: dict[str, str] | None = None) -> dict[str, str]:
     return {**command_env(os.environ), **(extra or {})}
 
 
+def _real_job(scenario: str, nodes: list[str], run_dir: Path, say: Callable[[str], None]
+              ) -> tuple[list[str], Path, int]:
+    """A real PyTorch job (examples/train_tiny.py, gloo on CPU, one process per node) with the
+    scenario's fault; its checkpoints (with manifests) are its own."""
+    example = Path(__file__).resolve().parents[1] / "examples" / "train_tiny.py"
+    bad = nodes[1]
+    fault = {"sdc_persistent": ["--inject-flip", bad, "--flip-from", str(_REAL_FAULT)],
+             "sdc_transient": ["--inject-flip", bad, "--flip-from", str(_REAL_FAULT), "--flip-once"],
+             "replay_data": ["--inject-overlong", str(_REAL_FAULT), "--inject-rank", "1"]}[scenario]
+    argv = [sys.executable, str(example), "--out", str(run_dir), "--launch", "--steps", str(_REAL_STEPS),
+            "--ckpt-every", "10", *fault]
+    what = {"sdc_persistent": f"{bad}'s GPU flips a bit in its matmuls from step {_REAL_FAULT} on",
+            "sdc_transient": f"{bad}'s GPU flips one bit at step {_REAL_FAULT}, once",
+            "replay_data": f"rank 1 gets a sample 50x max_length long at step {_REAL_FAULT}"}[scenario]
+    say(f"job: examples/train_tiny.py, {len(nodes)} processes (one per node, gloo), {_REAL_STEPS} steps, "
+        f"checkpoints every 10 under {run_dir / 'ckpt'}; the fault: {what}")
+    return argv, run_dir / "ckpt", _REAL_STEPS
+
+
+def _wait_job(scheduler: Any, job: str, use_slurm: bool, seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        info = scheduler.show_job(job)
+        state = (info[0] if isinstance(info, tuple) else info).state.split()[0]
+        if state not in ("RUNNING", "PENDING", "CONFIGURING", "COMPLETING"):
+            return
+        time.sleep(0.5)
+
+
 def _start_job(options: DemoOptions, directory: Path, nodes: list[str], argv: list[str], stack: ExitStack,
-               say: Callable[[str], None], use_slurm: bool) -> tuple[Any, str, dict[str, Any]]:
+               say: Callable[[str], None], use_slurm: bool, spares: int = 1) -> tuple[Any, str, dict[str, Any]]:
     if use_slurm:
         from spikeops.schedulers import SlurmScheduler
         from spikeops.schedulers.base import LocalRunner
         from spikeops.sim import slurmcluster
 
-        names = list(nodes) + ["spare-001"]
+        names = list(nodes) + [f"spare-{i:03d}" for i in range(1, spares + 1)]
         slurm = slurmcluster.up(directory / "slurm", names=names)
         if not options.keep:
             stack.callback(slurmcluster.down, directory / "slurm")
         os.environ.update(slurm.env)
         scheduler = SlurmScheduler(LocalRunner())
         script = directory / "job.sh"
-        script.write_text("#!/bin/sh\nexec " + shlex.join(argv) + "\n")
+        # a job that starts its own processes per node learns its nodes from Slurm
+        script.write_text("#!/bin/sh\nexport SPIKEOPS_JOB_NODES=\"${SPIKEOPS_JOB_NODES:-$SLURM_JOB_NODELIST}\"\n"
+                          "exec " + shlex.join(argv) + "\n")
         import subprocess
 
         submitted = subprocess.run(["sbatch", "--parsable", "-N", str(len(nodes)), "-w", ",".join(nodes),
@@ -475,15 +526,15 @@ def _start_job(options: DemoOptions, directory: Path, nodes: list[str], argv: li
             raise RuntimeError(f"sbatch: {submitted.stderr.strip()}")
         job = submitted.stdout.strip().split(";")[0]
         say(f"scheduler: real Slurm (slurmctld + {len(names)} slurmd); training job {job} on "
-            f"{len(nodes)} nodes, one spare")
+            f"{len(nodes)} nodes, {spares} spare(s)")
         return scheduler, job, {"scheduler": "slurm"}
     from spikeops.schedulers import LocalScheduler
 
     scheduler = LocalScheduler(directory / "sched")
-    scheduler.add_nodes(list(nodes) + ["spare-001"])
+    scheduler.add_nodes(list(nodes) + [f"spare-{i:03d}" for i in range(1, spares + 1)])
     job = scheduler.submit(argv, nodes, cwd=str(directory), environment=_job_environment())
     say(f"scheduler: local processes (Slurm is not installed here); training job {job} on {len(nodes)} nodes, "
-        "one spare")
+        f"{spares} spare(s)")
     return scheduler, job, {"scheduler": "local", "scheduler_state_dir": str(directory / "sched")}
 
 
@@ -498,7 +549,7 @@ def _link_job_logs(cluster_dir: Path, scenario: Path, job: str) -> None:
 
 def _run_flow(options: DemoOptions, directory: Path, cluster: Any, job: str, run_dir: Path,
               scheduler_params: dict[str, Any], result: DemoResult, say: Callable[[str], None], api: str,
-              stack: ExitStack) -> dict[str, Any]:
+              stack: ExitStack, *, checkpoint_root: Path, replay: bool = False) -> dict[str, Any]:
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
     from flows.incident_response import IncidentOverrides, incident_response
@@ -506,8 +557,9 @@ def _run_flow(options: DemoOptions, directory: Path, cluster: Any, job: str, run
     incident = f"inc-demo-{options.scenario.replace('_', '-')}"
     overrides = IncidentOverrides(
         inventory=str(cluster.inventory), run_dir=str(run_dir),
-        checkpoint_root=str(directory / "ckpt"), incidents_dir=str(directory / "incidents"), incident_id=incident,
-        baseline_dir=str(directory / "baselines"), approval=options.approval, approval_timeout_s=120,
+        checkpoint_root=str(checkpoint_root), incidents_dir=str(directory / "incidents"), incident_id=incident,
+        baseline_dir=None if replay else str(directory / "baselines"), approval=options.approval,
+        approval_timeout_s=120, replay="auto" if replay else "never", replay_steps=100, replay_timeout_s=300,
         observe_steps=50, observe_timeout_s=3,
         alert={"source": "spikeops-watch" if result.fired_by == "watcher" else "alertmanager",
                "received": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

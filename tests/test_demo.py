@@ -95,6 +95,24 @@ def test_demo_bad_input_is_one_line(tmp_path: Path) -> None:
     out = io.StringIO()
     assert main(["demo", "--list"], out=out) == 0
     listed = [line.split()[0] for line in out.getvalue().splitlines()]
+    from demo.run import REPLAY_SCENARIOS
     from spikeops.vocabulary import LAYER_OF
 
-    assert sorted(listed) == sorted(LAYER_OF)  # every cause of the spec is a scenario
+    # every cause of the spec is a scenario (silent data corruption through the replay gate's three)
+    assert sorted(listed) == sorted([*LAYER_OF, *REPLAY_SCENARIOS])
+
+
+def test_sdc_demo_replays_the_spike_and_drains_only_the_corrupting_node(tmp_path: Path) -> None:
+    """A real 3-process job on the real Slurm when installed: the replay gate convicts the node
+    whose GPU flips bits, and the thread and the printout say what the replay cost."""
+    stdout, directory = _demo(tmp_path, "sdc_persistent")
+    job = _line(stdout, "job: examples/train_tiny.py")
+    bad = job.split("the fault: ", 1)[1].split("'s GPU", 1)[0]
+    assert "silent_data_corruption (hardware layer" in _line(stdout, "DIAGNOSIS:")
+    assert _line(stdout, "  culprit nodes:").endswith(bad)
+    verdict = _line(stdout, "slack: Replay verdict: *sdc*")
+    assert "steps replayed twice" in (directory / "incidents" / "inc-demo-sdc-persistent" / "outbox.jsonl").read_text()
+    assert verdict
+    done = _line(stdout, "DONE:")
+    assert f"drain {bad}: drained" in done and done.count("drain ") == 1 and "resubmitted" in done
+    assert _leftovers(directory) == []

@@ -164,10 +164,17 @@ def _fallback(ctx: Context) -> Finding:
     if cause == "rng_not_restored" and not _resumed(ctx):
         # A run that never resumed cannot have lost its RNG state: the seed's next direction.
         layer, cause = "numeric", "lr_too_high"
+    verdict = replay.replay_verdict(ctx)
+    if verdict is not None and verdict.verdict == "transient":
+        summary = (f"no direct evidence for any cause, and replays of the window with the same data on the same "
+                   f"and on other nodes do not reproduce the {ctx.symptom.symptom.replace('_', ' ')}: a transient "
+                   f"fault; {cause.replace('_', ' ')} is only the seed table's direction")
+    else:
+        summary = (f"no direct evidence for any cause; {cause.replace('_', ' ')} is the most likely direction for "
+                   f"{ctx.symptom.symptom.replace('_', ' ')} (seed table): collect more evidence")
     return Finding(
         layer=layer, cause=cause, confidence=0.2,
-        summary=f"no direct evidence for any cause; {cause.replace('_', ' ')} is the most likely direction for "
-                f"{ctx.symptom.symptom.replace('_', ' ')} (seed table): collect more evidence",
+        summary=summary,
         step=ctx.spike, evidence=_metrics_evidence(ctx, [ctx.spike], "spike"),
     )
 

@@ -481,12 +481,13 @@ class SlurmScheduler:
             argv.append(f"--chdir={info.work_dir}")
         nodes = info.fields.get("NumNodes", "")
         if placed is not None:
-            argv += [f"--nodes={len(placed)}", f"--nodelist={fold_nodes(placed)}"]
+            # a plain list: Slurm's hostlist parser does not read every node set ClusterShell folds
+            argv += [f"--nodes={len(placed)}", f"--nodelist={','.join(placed)}"]
         elif re.fullmatch(r"\d+(-\d+)?", nodes):
             # a size given on sbatch's command line is not in the script: keep the job's size
             argv.append(f"--nodes={nodes}")
         if excluded:
-            argv.append(f"--exclude={fold_nodes(excluded)}")
+            argv.append(f"--exclude={','.join(excluded)}")
         staged: list[str] = []
         try:
             if self.dry_run:
