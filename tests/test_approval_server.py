@@ -317,3 +317,5 @@ def test_an_approval_given_after_the_leases_were_renewed_is_honoured(served: Ser
     assert limits.get("spikeops-incidents") == 0 and f"spikeops-job-{served.jobs['sim']}" not in limits
     log = (served.work / "servers.log").read_text()
     assert "lease renewal failed" not in log.lower()
+    # limits are read before they are created: the server never logs a duplicate-name failure
+    assert "IntegrityError" not in log and "UNIQUE constraint failed" not in log
