@@ -26,6 +26,8 @@ observe_timeout_s = 600             # ... and the most seconds to wait for them
 baseline_dir = "/var/lib/spikeops/baselines/sim"   # kept fresh by the baseline deployment
 control_command = ["/opt/bin/healthy-run", "--short"]  # the seed's control run on idle nodes
 control_timeout_s = 600
+collect_runner = "threads"          # or "dask": the collection shards run on a Dask cluster...
+dask_scheduler = "tcp://10.1.0.5:8786"   # ... this one, near the nodes (docs/scaleout.md)
 
 [watch]                             # spikeops watch thresholds (docs/watch.md)
 ```
@@ -36,6 +38,7 @@ from __future__ import annotations
 import os
 import re
 import tomllib
+from importlib.util import find_spec
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,7 +48,7 @@ from spikeops.errors import InputError
 
 __all__ = ["ClusterConfig", "SpikeopsConfig", "IncidentSettings", "load_config", "check_config", "resolve_incident",
            "DEFAULT_RECEIVER_ADDR", "DEFAULT_INCIDENTS_DIR", "DEFAULT_MAX_CONCURRENT", "JOB_ID", "CLUSTER_NAME",
-           "SCHEDULERS", "APPROVALS", "SKIPPABLE"]
+           "SCHEDULERS", "APPROVALS", "SKIPPABLE", "COLLECT_RUNNERS", "DASK_ADDRESS"]
 
 DEFAULT_RECEIVER_ADDR = "127.0.0.1:8787"
 DEFAULT_INCIDENTS_DIR = "~/.local/state/spikeops/incidents"
@@ -53,6 +56,10 @@ DEFAULT_MAX_CONCURRENT = 4
 SCHEDULERS = ("slurm", "local")
 APPROVALS = ("always", "auto-hardware", "never")
 SKIPPABLE = ("protect", "collect", "isolate", "resume", "notify")
+#: Where the collection shards run: the flow's own threads (one process), or a Dask cluster.
+COLLECT_RUNNERS = ("threads", "dask")
+#: A Dask scheduler's address (what ``dask scheduler`` prints): tcp:// or tls://, host, port.
+DASK_ADDRESS = re.compile(r"^(tcp|tls)://[A-Za-z0-9_.:\[\]-]+:\d{1,5}$")
 #: What a job id may be: a scheduler's id, never shell syntax (alerts and forms are checked against it).
 JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:+-]{0,127}$")
 #: What a cluster name may be.
@@ -77,6 +84,10 @@ class ClusterConfig:
     #: The seed's periodic "healthy run" control: a command run on idle nodes (argv, no shell).
     control_command: list[str] | None = None
     control_timeout_s: int = 600
+    #: Where the collection shards run: "threads" (in the flow's process) or "dask".
+    collect_runner: str = "threads"
+    #: The Dask scheduler the shards go to with ``collect_runner = "dask"``.
+    dask_scheduler: str | None = None
 
 
 @dataclass(frozen=True)
@@ -110,6 +121,7 @@ class SpikeopsConfig:
             "slack_channel": chosen.slack_channel, "approval": chosen.approval,
             "approval_timeout_s": chosen.approval_timeout_s, "observe_steps": chosen.observe_steps, "observe_timeout_s": chosen.observe_timeout_s,
             "baseline_dir": chosen.baseline_dir,
+            "dask_scheduler": chosen.dask_scheduler if chosen.collect_runner == "dask" else None,
         }
         return {k: v for k, v in params.items() if v is not None}
 
@@ -118,7 +130,8 @@ _CLUSTER_KEYS = set(ClusterConfig.__dataclass_fields__) - {"name"}
 #: Integer keys of a cluster and their bounds (inclusive).
 _INT_BOUNDS = {"approval_timeout_s": (1, 7 * 86400), "observe_steps": (0, 10_000),
                "observe_timeout_s": (0, 86_400), "control_timeout_s": (1, 86_400)}
-_STR_KEYS = ("inventory", "run_dir", "scheduler_state_dir", "checkpoint_root", "slack_channel", "baseline_dir")
+_STR_KEYS = ("inventory", "run_dir", "scheduler_state_dir", "checkpoint_root", "slack_channel", "baseline_dir",
+             "dask_scheduler")
 
 
 def _cluster(target: Path, name: str, table: Any) -> ClusterConfig:
@@ -149,6 +162,14 @@ def _cluster(target: Path, name: str, table: Any) -> ClusterConfig:
     if command is not None and (not isinstance(command, list) or not command
                                 or not all(isinstance(part, str) and part for part in command)):
         raise InputError(f"{where} control_command must be a list of strings (argv)")
+    runner = table.get("collect_runner", "threads")
+    if runner not in COLLECT_RUNNERS:
+        raise InputError(f"{where} collect_runner must be {' or '.join(COLLECT_RUNNERS)}, not {runner!r}")
+    address = table.get("dask_scheduler")
+    if address is not None and not DASK_ADDRESS.match(address):
+        raise InputError(f"{where} dask_scheduler must be a Dask scheduler address (tcp://HOST:PORT), not {address!r}")
+    if runner == "dask" and address is None:
+        raise InputError(f"{where} collect_runner = \"dask\" needs dask_scheduler (tcp://HOST:PORT)")
     return ClusterConfig(name=name, **table)
 
 
@@ -219,6 +240,9 @@ def check_config(config: SpikeopsConfig) -> list[str]:
             problems.append(f"{where} scheduler_state_dir: needed with scheduler = \"local\"")
         if cluster.control_command and not cluster.baseline_dir:
             problems.append(f"{where} control_command: needs baseline_dir (where control verdicts are kept)")
+        if cluster.collect_runner == "dask" and not all(find_spec(name) for name in ("prefect_dask", "distributed")):
+            problems.append(f"{where} collect_runner: \"dask\" needs prefect-dask and distributed "
+                            "(pip install 'spikeops[dask]')")
     return problems
 
 
@@ -246,6 +270,8 @@ class IncidentSettings:
     baseline_dir: str | None = None
     alert: dict[str, Any] = field(default_factory=dict)
     max_concurrent: int = DEFAULT_MAX_CONCURRENT
+    #: The Dask scheduler the collection shards go to; None: the flow's own threads.
+    dask_scheduler: str | None = None
 
 
 _SETTINGS = set(IncidentSettings.__dataclass_fields__)
