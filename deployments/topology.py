@@ -171,11 +171,12 @@ def _check_directory(root: Path) -> None:
 
 
 def up(directory: str | Path, config_path: str | Path, *, workers: int = 1, ui: bool = True,
-       port: int | None = None, poll_s: float = 2.0, ready_timeout: float = 180.0,
+       port: int | None = None, poll_s: float = 2.0, ready_timeout: float = 180.0, limit: int | None = None,
        env: Mapping[str, str] | None = None) -> Topology:
     """Start the whole layout in ``directory`` for the clusters of ``config_path``; on any
-    failure, what was started is stopped again. ``env``: the workers' environment (default
-    this process's), to which SPIKEOPS_CONFIG, PREFECT_API_URL and the marker are added."""
+    failure, what was started is stopped again. ``limit``: flow runs one worker runs at once
+    (None: Prefect's default, no limit). ``env``: the workers' environment (default this
+    process's), to which SPIKEOPS_CONFIG, PREFECT_API_URL and the marker are added."""
     if not 1 <= workers <= 32:
         raise InputError(f"--workers must be from 1 to 32, not {workers}")
     config_file = Path(config_path).expanduser().resolve()
@@ -193,7 +194,7 @@ def up(directory: str | Path, config_path: str | Path, *, workers: int = 1, ui: 
     marker = {MARKER: str(root)}
     try:
         return _start(root, config_file, config, marker, workers=workers, ui=ui, port=port, poll_s=poll_s,
-                      ready_timeout=ready_timeout, env=env)
+                      ready_timeout=ready_timeout, limit=limit, env=env)
     except BaseException:
         try:
             down(root, quiet=True)
@@ -203,7 +204,8 @@ def up(directory: str | Path, config_path: str | Path, *, workers: int = 1, ui: 
 
 
 def _start(root: Path, config_file: Path, config: Any, marker: dict[str, str], *, workers: int, ui: bool,
-           port: int | None, poll_s: float, ready_timeout: float, env: Mapping[str, str] | None) -> Topology:
+           port: int | None, poll_s: float, ready_timeout: float, limit: int | None,
+           env: Mapping[str, str] | None) -> Topology:
     t0 = time.monotonic()
     server_db = postgres.init(root / "postgres")
     postgres.start(server_db, root / "log" / "postgres.log", marker)
@@ -241,9 +243,9 @@ def _start(root: Path, config_file: Path, config: Any, marker: dict[str, str], *
             name = f"{pool.removeprefix('spikeops-')}-{index}"
             worker_log = root / "log" / f"worker-{name}.log"
             with open(worker_log, "ab") as log:
-                process = subprocess.Popen([str(BIN / "prefect"), "worker", "start", "--pool", pool, "--type",
-                                            "process", "--name", name], env=worker_env, stdout=log,
-                                           stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                argv = [str(BIN / "prefect"), "worker", "start", "--pool", pool, "--type", "process", "--name", name]
+                process = subprocess.Popen(argv + (["--limit", str(limit)] if limit else []), env=worker_env,
+                                           stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                            start_new_session=True)
             topology.workers[name] = process.pid
     _save(root, topology)
@@ -316,6 +318,8 @@ def _parser() -> argparse.ArgumentParser:
     started.add_argument("--workers", type=int, default=1, help="workers per pool (default 1)")
     started.add_argument("--port", type=int, default=None, help="the Prefect server's port (default: a free one)")
     started.add_argument("--no-ui", action="store_true", help="the API without the UI")
+    started.add_argument("--limit", type=int, default=None,
+                         help="flow runs one worker runs at once (default: no limit, Prefect's)")
     started.add_argument("--poll", type=float, default=2.0,
                          help="seconds between a worker's polls for new runs (default 2; Prefect's is 10)")
     stopped = actions.add_parser("down", help="stop everything started in DIR")
@@ -332,7 +336,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.action == "up":
             topology = up(args.directory, args.config, workers=args.workers, ui=not args.no_ui, port=args.port,
-                          poll_s=args.poll)
+                          poll_s=args.poll, limit=args.limit)
             _say(f"stop it all with: infra/prefect/down {topology.directory}")
             _say("route alerts with: spikeops serve --receiver-only --config " + topology.config)
             print(f"export PREFECT_API_URL={topology.api_url}", flush=True)

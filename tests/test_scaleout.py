@@ -231,3 +231,27 @@ def test_receiver_only_refuses_in_one_line_without_the_clusters_deployments(tmp_
     assert served.returncode == 2, served.stderr
     assert "no deployment incident-response/north, incident-response/south" in served.stderr
     assert "Traceback" not in served.stderr and len(served.stderr.strip().splitlines()) == 1
+
+
+def test_up_and_down_say_what_is_wrong_in_one_line(tmp_path: Path) -> None:
+    up, down = str(ROOT / "infra" / "prefect" / "up"), str(ROOT / "infra" / "prefect" / "down")
+    config = tmp_path / "spikeops.toml"
+
+    def refused(argv: list[str], words: str) -> None:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
+        assert done.returncode == 2 and words in done.stderr, (argv, done.stderr)
+        assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr and not done.stdout
+
+    refused([up, str(tmp_path / "t1"), "--config", str(tmp_path / "missing.toml")], "no such configuration file")
+    config.write_text(CONFIG.format(root=tmp_path))
+    refused([up, str(tmp_path / "t2"), "--config", str(config)], "inventory")  # east.toml does not exist
+    for name in ("east", "west"):
+        (tmp_path / f"{name}.toml").write_text('[cluster]\nnodes = "gpu-[001-002]"\n')
+    refused([up, str(tmp_path / "t3"), "--config", str(config), "--workers", "0"], "--workers must be from 1 to 32")
+    (tmp_path / "t4").mkdir()
+    (tmp_path / "t4" / "notes.txt").write_text("someone's files")
+    refused([up, str(tmp_path / "t4"), "--config", str(config)], "is not empty")
+    assert sorted(p.name for p in (tmp_path / "t4").iterdir()) == ["notes.txt"]  # nothing of it touched
+    stopped = subprocess.run([down, str(tmp_path / "never-used")], capture_output=True, text=True, timeout=60,
+                             check=False)
+    assert stopped.returncode == 0 and "stopped 0 process(es)" in stopped.stderr
