@@ -10,7 +10,8 @@ limits show. Layouts:
 - ``pg-Wx``: ``infra/prefect/up --workers W --limit 5`` (PostgreSQL, a Prefect server on it, W
   workers of the cluster's pool, each running at most 5 flow runs at once, as the served runner)
   and ``spikeops serve --receiver-only``.
-The clock starts at the first POST and stops when the last run is final. Errors counted: a
+The clock starts at the first POST and stops when the last run is final; "longest queued" is
+the most seconds a run waited between its creation and its start (a runner's slot). Errors: a
 POST not answered 202, a run not COMPLETED (or not final within 15 min), a job not resumed or a
 culprit not drained. Everything is started once per layout; a fresh world per size.
 
@@ -36,6 +37,7 @@ import tempfile
 import threading
 import time
 import urllib.request
+from datetime import datetime
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -47,6 +49,10 @@ ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 FINAL = ("COMPLETED", "FAILED", "CRASHED", "CANCELLED")
 LAYOUTS = ("sqlite-serve", "pg-1x", "pg-2x", "pg-4x")
+
+
+def _when(stamp: str) -> datetime:
+    return datetime.fromisoformat(stamp.replace("Z", "+00:00"))
 
 
 def _get(url: str) -> dict:
@@ -135,6 +141,7 @@ def incidents(layout: Layout, size: int, work: Path, first_octet: int) -> dict[s
         t0 = time.monotonic()
         runs, errors = _fire(layout, sims.jobs, f"{layout.name}-{size}")
         final: dict[str, str] = {}
+        waits: list[float] = []
         last = t0
         deadline = t0 + 900
         while len(final) < len(runs) and time.monotonic() < deadline:
@@ -142,12 +149,14 @@ def incidents(layout: Layout, size: int, work: Path, first_octet: int) -> dict[s
                 if job in final:
                     continue
                 try:
-                    state = _get(f"{layout.api}/flow_runs/{run}")["state"]["type"]
+                    document = _get(f"{layout.api}/flow_runs/{run}")
                 except OSError:
                     continue
-                if state in FINAL:
-                    final[job] = state
+                if document["state"]["type"] in FINAL:
+                    final[job] = document["state"]["type"]
                     last = time.monotonic()
+                    if document.get("start_time"):  # how long it queued before a runner took it
+                        waits.append((_when(document["start_time"]) - _when(document["created"])).total_seconds())
             time.sleep(1)
         completed = sum(state == "COMPLETED" for state in final.values())
         errors += len(runs) - completed
@@ -161,12 +170,14 @@ def incidents(layout: Layout, size: int, work: Path, first_octet: int) -> dict[s
         seconds = last - t0
         return {"layout": layout.name, "size": size, "completed": completed, "errors": errors + wrong,
                 "seconds": seconds, "per_minute": completed / seconds * 60 if seconds > 0 else 0.0,
+                "max_wait": max(waits, default=0.0),
                 "states": sorted(set(final.values())) or ["none"]}
 
 
 def part_incidents(sizes: list[int], layouts: list[str]) -> None:
-    print("| layout | simultaneous incidents | completed | errors | wall (s) | incidents / min |", flush=True)
-    print("| --- | ---: | ---: | ---: | ---: | ---: |", flush=True)
+    print("| layout | simultaneous incidents | completed | errors | wall (s) | incidents / min | longest queued (s) |",
+          flush=True)
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |", flush=True)
     for index, name in enumerate(layouts):
         with tempfile.TemporaryDirectory(prefix=f"spikeops-bench-scale-{name}-") as tmp:
             work = Path(tmp)
@@ -178,7 +189,7 @@ def part_incidents(sizes: list[int], layouts: list[str]) -> None:
                 for size in sizes:
                     row = incidents(layout, size, work, 16 * index + 100 + size)
                     print(f"| {row['layout']} | {size} | {row['completed']}/{size} | {row['errors']} | "
-                          f"{row['seconds']:.1f} | {row['per_minute']:.1f} |", flush=True)
+                          f"{row['seconds']:.1f} | {row['per_minute']:.1f} | {row['max_wait']:.1f} |", flush=True)
             finally:
                 layout.stop()
 

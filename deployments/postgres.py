@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from spikeops.errors import SpikeopsError
+from spikeops.sim.processes import pid_alive, read_pid
 
 __all__ = ["PostgresError", "PostgresServer", "bin_dir", "ensure_installed", "server_account", "init", "start",
            "stop", "running", "remove", "free_port", "SUPERUSER", "DATABASE"]
@@ -200,17 +201,8 @@ def start(server: PostgresServer, log: Path, marker: dict[str, str] | None = Non
 
 def running(data: Path) -> bool:
     """Whether the cluster in ``data`` runs (its postmaster.pid names a live process)."""
-    try:
-        pid = int((data / "postmaster.pid").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    pid = read_pid(data / "postmaster.pid")
+    return pid is not None and pid_alive(pid)
 
 
 def stop(data: Path, bin_path: Path | None = None) -> bool:

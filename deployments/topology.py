@@ -161,7 +161,8 @@ def _check_directory(root: Path) -> None:
             raise TopologyError(f"{root} is not empty and holds no stopped topology "
                                 f"({', '.join(foreign[:3]) or 'no topology.json'}): choose another directory")
         _say(f"replacing the stopped topology in {root}")
-        (root / "postgres").exists() and postgres.remove(root / "postgres")
+        if (root / "postgres").exists():
+            postgres.remove(root / "postgres")
         for name in _ENTRIES:
             target = root / name
             if target.is_dir():

@@ -38,9 +38,9 @@ from __future__ import annotations
 import os
 import re
 import tomllib
-from importlib.util import find_spec
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 

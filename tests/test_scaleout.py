@@ -216,6 +216,16 @@ def test_the_receiver_routes_each_alert_to_its_clusters_deployment(tmp_path: Pat
     unknown = client.post("/alerts/alertmanager", content=_alert("4412", "north", "r3"),
                           headers={"Authorization": "Bearer t"})
     assert unknown.status_code == 400 and "not configured" in unknown.json()["error"]
+    # the watcher fires at the cluster's own deployment the same way
+    from spikeops.watch import Anomaly
+    from tasks.start import deployment_target
+
+    fire = deployment_target(config, "4413", "west", deployment=CLUSTER_DEPLOYMENT, announce=False)
+    note = fire(Anomaly(kind="nan", step=120, value=None, score=None, detail="loss is nan",
+                        time="2026-11-29T18:03:12Z"))
+    with get_client(sync_client=True) as prefect:
+        run = prefect.read_flow_run(note.removeprefix("flow run "))
+        assert (prefect.read_deployment(run.deployment_id).name, run.work_pool_name) == ("west", "spikeops-west")
 
 
 def test_receiver_only_refuses_in_one_line_without_the_clusters_deployments(tmp_path: Path,
