@@ -55,6 +55,13 @@ FORMAT = "spikeops-prefect-topology/1"
 #: Every process started for DIR carries ``MARKER=DIR`` in its environment: ``down`` finds them by it.
 MARKER = "SPIKEOPS_TOPOLOGY"
 _ENTRIES = ("topology.json", "pgpass", "postgres", "prefect-home", "log")
+#: The server's database settings. Prefect's defaults (a 5 s connect timeout, a pool of 5 that
+#: opens and closes overflow connections in every burst) gave 500s when a burst of incidents
+#: met a loaded 2-core machine: a new PostgreSQL connection (a forked backend, SCRAM) took
+#: over 5 s. A larger pool keeps connections open; the timeouts allow for a busy machine.
+SERVER_DATABASE = {"PREFECT_SERVER_DATABASE_CONNECTION_TIMEOUT": "30", "PREFECT_SERVER_DATABASE_TIMEOUT": "30",
+                   "PREFECT_SERVER_DATABASE_SQLALCHEMY_POOL_SIZE": "20",
+                   "PREFECT_SERVER_DATABASE_SQLALCHEMY_MAX_OVERFLOW": "20"}
 BIN = Path(sys.executable).parent
 
 
@@ -221,7 +228,7 @@ def _start(root: Path, config_file: Path, config: Any, marker: dict[str, str], *
             if not k.startswith(("PREFECT_API_DATABASE", "PREFECT_SERVER_DATABASE"))}
     base.update(marker)
     base["PREFECT_HOME"] = str(root / "prefect-home")
-    server_env = {**base, "PREFECT_API_DATABASE_CONNECTION_URL": server_db.url,
+    server_env = {**base, "PREFECT_API_DATABASE_CONNECTION_URL": server_db.url, **SERVER_DATABASE,
                   "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_UI_ENABLED": "true" if ui else "false"}
     server_env.pop("PREFECT_API_URL", None)
     server_log = root / "log" / "prefect-server.log"
