@@ -25,17 +25,28 @@ def wants_baselines(config: SpikeopsConfig) -> bool:
     return any(cluster.baseline_dir for cluster in config.clusters.values())
 
 
-def baseline_deployment(config: SpikeopsConfig | None = None, interval_s: float = DEFAULT_INTERVAL_S) -> Any:
-    """A ``RunnerDeployment`` of ``refresh-baselines`` on an interval schedule, concurrency 1."""
+def baseline_deployment(config: SpikeopsConfig | None = None, interval_s: float = DEFAULT_INTERVAL_S, *,
+                        cluster: str | None = None) -> Any:
+    """A ``RunnerDeployment`` of ``refresh-baselines`` on an interval schedule, concurrency 1.
+    With ``cluster``: ``refresh-baselines/CLUSTER`` for that cluster alone, on its work pool
+    (``deployments.pools``), named by module for the pool's workers."""
     from prefect.client.schemas.objects import ConcurrencyLimitConfig, ConcurrencyLimitStrategy
+    from prefect.deployments.runner import EntrypointType
 
     from flows.baselines import refresh_baselines_flow
 
     if not interval_s or interval_s <= 0:
         raise ValueError(f"interval_s must be positive, not {interval_s!r}")
-    parameters = {"config": str(config.path)} if config is not None and config.path is not None else {}
+    parameters: dict[str, Any] = {"config": str(config.path)} if config is not None and config.path is not None else {}
+    placement: dict[str, Any] = {}
+    if cluster is not None:
+        from deployments.pools import pool_name
+
+        parameters = {"clusters": cluster}  # the worker's $SPIKEOPS_CONFIG, not this machine's path
+        placement = {"work_pool_name": pool_name(cluster), "entrypoint_type": EntrypointType.MODULE_PATH}
     return refresh_baselines_flow.to_deployment(
-        name="refresh-baselines", interval=interval_s, parameters=parameters,
+        name=cluster or "refresh-baselines", interval=interval_s, parameters=parameters,
         concurrency_limit=ConcurrencyLimitConfig(limit=1, collision_strategy=ConcurrencyLimitStrategy.CANCEL_NEW),
         description="Refresh per-node baselines and run the healthy-run control on idle nodes (docs/baselines.md)",
+        **placement,
     )

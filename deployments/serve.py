@@ -4,6 +4,8 @@
 max_concurrent`` incidents act at once, never two of one job (limits the flow holds itself,
 ``tasks.concurrency``).
 The receiver starts runs with ``tasks.start.prefect_starter`` (shared with the watcher).
+``serve_receiver`` is the receiver alone, for the layout where each cluster's workers run the
+flows (``deployments.pools``, ``infra/prefect/up``).
 """
 
 from __future__ import annotations
@@ -13,10 +15,10 @@ from collections.abc import Callable
 from typing import Any
 
 from spikeops.config import SpikeopsConfig
-from tasks.start import DEPLOYMENT_NAME, prefect_starter
+from tasks.start import CLUSTER_DEPLOYMENT, DEPLOYMENT_NAME, prefect_starter
 
-__all__ = ["DEPLOYMENT_NAME", "incident_deployment", "prefect_emitter", "serve"]
-
+__all__ = ["DEPLOYMENT_NAME", "incident_deployment", "describe_parameters", "restrict_clusters", "prefect_emitter",
+           "serve", "serve_receiver"]
 
 
 def incident_deployment(config: SpikeopsConfig | None = None) -> Any:
@@ -30,14 +32,19 @@ def incident_deployment(config: SpikeopsConfig | None = None) -> Any:
     deployment = incident_response.to_deployment(name="incident-response", tags=["spikeops", "incident"],
                                                  description="One incident end to end (docs/flow.md)")
     schema = deployment._parameter_openapi_schema
+    describe_parameters(schema)
+    if config is not None and config.clusters:
+        restrict_clusters(schema, sorted(config.clusters))
+    return deployment
+
+
+def describe_parameters(schema: Any) -> None:
+    """The run form's titles and help for the incident flow's three parameters."""
     for name, title, description in (
             ("job_id", "Job id", "the scheduler's job id, e.g. 4412"),
             ("cluster", "Cluster", "which cluster of spikeops.toml the job runs on"),
             ("overrides", "Overrides (optional)", "leave empty: spikeops.toml has everything")):
         schema.properties[name].update({"title": title, "description": description})
-    if config is not None and config.clusters:
-        restrict_clusters(schema, sorted(config.clusters))
-    return deployment
 
 
 def restrict_clusters(schema: Any, clusters: list[str]) -> None:
@@ -94,6 +101,29 @@ def prefect_emitter() -> Callable[[Any], None]:
                    payload={"alertname": alert.name, "fingerprint": alert.fingerprint})
 
     return emit
+
+
+def serve_receiver(config: SpikeopsConfig, addr: str | None = None) -> None:
+    """The receiver alone (``spikeops serve --receiver-only``): each alert starts its
+    cluster's deployment, ``incident-response/CLUSTER``, which that cluster's workers run
+    (``deployments.pools``; ``infra/prefect/up`` deploys them). Refuses to start, with one
+    line, while a cluster has no deployment: each of its alerts would fail."""
+    import uvicorn
+
+    from deployments.pools import missing_deployments
+    from deployments.receiver import ReceiverConfig, check_bind, create_app
+
+    host, _, port = (addr or config.receiver_addr).rpartition(":")
+    receiver = ReceiverConfig.from_env()
+    check_bind(host, receiver)
+    check_api()
+    missing = missing_deployments(config)
+    if missing:
+        raise ValueError(f"no deployment {', '.join(missing)} on the Prefect server: deploy the clusters' "
+                         "work pools first (infra/prefect/up, or python -m deployments.topology deploy)")
+    ensure_incident_limit(config)
+    app = create_app(prefect_starter(config, CLUSTER_DEPLOYMENT), receiver, emit=prefect_emitter())
+    uvicorn.Server(uvicorn.Config(app, host=host, port=int(port), log_level="warning")).run()
 
 
 def serve(config: SpikeopsConfig, addr: str | None = None) -> None:

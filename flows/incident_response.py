@@ -93,7 +93,8 @@ def incident_response(
     label_run(job_id, cluster=settings.cluster)
     bundle = Path(settings.incidents_dir).expanduser() / settings.incident_id
     preflight(settings, rerun=(bundle / "incident.json").is_file())
-    with IncidentSlots(job_id, settings.max_concurrent, settings.approval_timeout_s + 3600) as slots:
+    with IncidentSlots(job_id, settings.max_concurrent, settings.approval_timeout_s + 3600,
+                       cluster=settings.cluster) as slots:
         return _respond(settings, slots, get_run_logger())
 
 
@@ -126,7 +127,8 @@ def _respond(settings: IncidentSettings, slots: IncidentSlots, logger: Any) -> d
     # collect
     nodes = list(incident_doc["job"]["nodes"] or [])
     if "collect" not in skip:
-        collect_incident(settings.inventory, job, bundle, nodes, incident, notifier=notifier)
+        collect_incident(settings.inventory, job, bundle, nodes, incident, notifier=notifier,
+                         dask_scheduler=settings.dask_scheduler)
     if settings.baseline_dir:  # counters are read as growth since the nodes' last healthy capture
         logger.info("baselines: %s", "; ".join(bundle_baselines(settings.baseline_dir, bundle, nodes)))
     # diagnose

@@ -394,20 +394,25 @@ def _cmd_serve(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     if not config.clusters:
         err.write("spikeops serve: no [clusters.NAME] configured (spikeops.toml or --config; docs/flow.md)\n")
         return EXIT_USAGE
-    problems = check_config(config)
+    # The receiver alone never touches a cluster: the inventories live with the workers.
+    problems = [] if args.receiver_only else check_config(config)
     if problems:  # refuse now: the first alert would otherwise fail
         err.write(f"spikeops serve: {config.path}: {problems[0]}"
                   + (f" (and {len(problems) - 1} more: spikeops config check)" if len(problems) > 1 else "") + "\n")
         return EXIT_USAGE
     # The Prefect side lives outside the core (deployments/), imported only for this command.
-    from deployments.serve import serve
+    from deployments.serve import serve, serve_receiver
 
     addr = args.addr or config.receiver_addr
-    out.write(f"serving the incident flow and the alert receiver on http://{addr}/alerts/... "
-              f"(clusters: {', '.join(config.clusters)})\n")
+    if args.receiver_only:
+        out.write(f"serving the alert receiver on http://{addr}/alerts/...: each alert starts "
+                  f"incident-response/CLUSTER on its cluster's work pool (clusters: {', '.join(config.clusters)})\n")
+    else:
+        out.write(f"serving the incident flow and the alert receiver on http://{addr}/alerts/... "
+                  f"(clusters: {', '.join(config.clusters)})\n")
     out.flush()
     try:
-        serve(config, addr)
+        (serve_receiver if args.receiver_only else serve)(config, addr)
     except ValueError as exc:
         err.write(f"spikeops serve: {exc}\n")
         return EXIT_USAGE
@@ -639,6 +644,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     served.add_argument("--config", help="spikeops.toml (default $SPIKEOPS_CONFIG or ./spikeops.toml)")
     served.add_argument("--addr", help="receiver HOST:PORT (default [receiver] addr or 127.0.0.1:8787)")
+    served.add_argument("--receiver-only", action="store_true",
+                        help="the receiver alone, no flow runner here: each alert starts its cluster's deployment "
+                             "incident-response/CLUSTER, run by that cluster's workers (infra/prefect/up; "
+                             "docs/scaleout.md)")
     served.set_defaults(handler=_cmd_serve)
 
     configured = commands.add_parser("config", help="check spikeops.toml",

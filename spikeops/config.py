@@ -29,6 +29,8 @@ observe_timeout_s = 600             # ... and the most seconds to wait for them
 baseline_dir = "/var/lib/spikeops/baselines/sim"   # kept fresh by the baseline deployment
 control_command = ["/opt/bin/healthy-run", "--short"]  # the seed's control run on idle nodes
 control_timeout_s = 600
+collect_runner = "threads"          # or "dask": the collection shards run on a Dask cluster...
+dask_scheduler = "tcp://10.1.0.5:8786"   # ... this one, near the nodes (docs/scaleout.md)
 
 [watch]                             # spikeops watch thresholds (docs/watch.md)
 ```
@@ -41,6 +43,7 @@ import re
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +51,8 @@ from spikeops.errors import InputError
 
 __all__ = ["ClusterConfig", "SpikeopsConfig", "IncidentSettings", "load_config", "check_config", "resolve_incident",
            "DEFAULT_RECEIVER_ADDR", "DEFAULT_INCIDENTS_DIR", "DEFAULT_MAX_CONCURRENT", "JOB_ID", "CLUSTER_NAME",
-           "SCHEDULERS", "APPROVALS", "SKIPPABLE", "REPLAYS"]
+           "SCHEDULERS", "APPROVALS", "SKIPPABLE", "REPLAYS", "COLLECT_RUNNERS",
+           "DASK_ADDRESS"]
 
 DEFAULT_RECEIVER_ADDR = "127.0.0.1:8787"
 DEFAULT_INCIDENTS_DIR = "~/.local/state/spikeops/incidents"
@@ -57,6 +61,10 @@ SCHEDULERS = ("slurm", "local")
 APPROVALS = ("always", "auto-hardware", "never")
 SKIPPABLE = ("protect", "collect", "isolate", "resume", "notify")
 REPLAYS = ("auto", "ask", "never")
+#: Where the collection shards run: the flow's own threads (one process), or a Dask cluster.
+COLLECT_RUNNERS = ("threads", "dask")
+#: A Dask scheduler's address (what ``dask scheduler`` prints): tcp:// or tls://, host, port.
+DASK_ADDRESS = re.compile(r"^(tcp|tls)://[A-Za-z0-9_.:\[\]-]+:\d{1,5}$")
 #: What a job id may be: a scheduler's id, never shell syntax (alerts and forms are checked against it).
 JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:+-]{0,127}$")
 #: What a cluster name may be.
@@ -86,6 +94,10 @@ class ClusterConfig:
     replay: str = "ask"
     replay_steps: int = 500
     replay_timeout_s: int = 1800
+    #: Where the collection shards run: "threads" (in the flow's process) or "dask".
+    collect_runner: str = "threads"
+    #: The Dask scheduler the shards go to with ``collect_runner = "dask"``.
+    dask_scheduler: str | None = None
 
 
 @dataclass(frozen=True)
@@ -120,6 +132,7 @@ class SpikeopsConfig:
             "approval_timeout_s": chosen.approval_timeout_s, "replay": chosen.replay,
             "replay_steps": chosen.replay_steps, "replay_timeout_s": chosen.replay_timeout_s, "observe_steps": chosen.observe_steps, "observe_timeout_s": chosen.observe_timeout_s,
             "baseline_dir": chosen.baseline_dir,
+            "dask_scheduler": chosen.dask_scheduler if chosen.collect_runner == "dask" else None,
         }
         return {k: v for k, v in params.items() if v is not None}
 
@@ -129,7 +142,8 @@ _CLUSTER_KEYS = set(ClusterConfig.__dataclass_fields__) - {"name"}
 _INT_BOUNDS = {"approval_timeout_s": (1, 7 * 86400), "observe_steps": (0, 10_000),
                "observe_timeout_s": (0, 86_400), "control_timeout_s": (1, 86_400),
                "replay_steps": (1, 1_000_000), "replay_timeout_s": (10, 7 * 86400)}
-_STR_KEYS = ("inventory", "run_dir", "scheduler_state_dir", "checkpoint_root", "slack_channel", "baseline_dir")
+_STR_KEYS = ("inventory", "run_dir", "scheduler_state_dir", "checkpoint_root", "slack_channel", "baseline_dir",
+             "dask_scheduler")
 
 
 def _cluster(target: Path, name: str, table: Any) -> ClusterConfig:
@@ -162,6 +176,14 @@ def _cluster(target: Path, name: str, table: Any) -> ClusterConfig:
     if command is not None and (not isinstance(command, list) or not command
                                 or not all(isinstance(part, str) and part for part in command)):
         raise InputError(f"{where} control_command must be a list of strings (argv)")
+    runner = table.get("collect_runner", "threads")
+    if runner not in COLLECT_RUNNERS:
+        raise InputError(f"{where} collect_runner must be {' or '.join(COLLECT_RUNNERS)}, not {runner!r}")
+    address = table.get("dask_scheduler")
+    if address is not None and not DASK_ADDRESS.match(address):
+        raise InputError(f"{where} dask_scheduler must be a Dask scheduler address (tcp://HOST:PORT), not {address!r}")
+    if runner == "dask" and address is None:
+        raise InputError(f"{where} collect_runner = \"dask\" needs dask_scheduler (tcp://HOST:PORT)")
     return ClusterConfig(name=name, **table)
 
 
@@ -232,6 +254,9 @@ def check_config(config: SpikeopsConfig) -> list[str]:
             problems.append(f"{where} scheduler_state_dir: needed with scheduler = \"local\"")
         if cluster.control_command and not cluster.baseline_dir:
             problems.append(f"{where} control_command: needs baseline_dir (where control verdicts are kept)")
+        if cluster.collect_runner == "dask" and not all(find_spec(name) for name in ("prefect_dask", "distributed")):
+            problems.append(f"{where} collect_runner: \"dask\" needs prefect-dask and distributed "
+                            "(pip install 'spikeops[dask]')")
     return problems
 
 
@@ -262,6 +287,8 @@ class IncidentSettings:
     replay: str = "never"
     replay_steps: int = 500
     replay_timeout_s: int = 1800
+    #: The Dask scheduler the collection shards go to; None: the flow's own threads.
+    dask_scheduler: str | None = None
 
 
 _SETTINGS = set(IncidentSettings.__dataclass_fields__)

@@ -4,16 +4,24 @@ A Prefect task run costs about 25 ms of orchestration here; 1,000 nodes x 9 prob
 separate tasks would spend minutes on bookkeeping while the evidence rotates away. So the
 unit of Prefect work is a shard of consecutive nodes (48 by default), and the SSH fan-out
 inside a shard is the core's thread pool. Per-node results become a table artifact.
+
+Where the shards run is the cluster's choice (``collect_runner`` in spikeops.toml): on the
+flow's own task runner (threads in the flow run's process, the default), or on a Dask cluster
+(``dask_scheduler``) through prefect-dask's ``DaskTaskRunner``, so that the SSH fan-out of a
+10,000-node job is spread over the Dask workers' machines while the flow stays where it is.
+The shard task is the same either way, and so is every byte it writes.
 """
 
 from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from prefect import task
+from prefect import get_run_logger, task
 from prefect.artifacts import create_table_artifact
 
 from spikeops.collect.collector import (
@@ -26,9 +34,12 @@ from spikeops.collect.collector import (
 )
 from spikeops.inventory import expand_nodes, load_inventory
 
-__all__ = ["collect_shard", "collect_evidence", "collect_incident", "collection_table", "DEFAULT_SHARD_SIZE"]
+__all__ = ["collect_shard", "collect_evidence", "collect_incident", "collection_table", "shard_runner",
+           "DEFAULT_SHARD_SIZE", "DASK_CONNECT_TIMEOUT_S"]
 
 DEFAULT_SHARD_SIZE = 48
+#: How long to wait for the Dask scheduler before collecting with threads instead.
+DASK_CONNECT_TIMEOUT_S = 10
 
 
 @task(name="collect-shard", task_run_name="collect {label}", retries=0)
@@ -50,24 +61,61 @@ def collection_table(results: list[NodeResult]) -> list[dict[str, Any]]:
     ]
 
 
+Submit = Callable[[Any, dict[str, Any]], Any]
+
+
+@contextmanager
+def shard_runner(dask_scheduler: str | None = None) -> Iterator[Submit]:
+    """``submit(task, parameters) -> future`` for the shards: the flow's own task runner, or
+    a ``DaskTaskRunner`` connected to ``dask_scheduler``. A Dask scheduler that does not
+    answer within ``DASK_CONNECT_TIMEOUT_S`` is logged and the flow's runner is used: the
+    evidence rotates away while we wait, and an orchestration choice must not cost it."""
+    def local(shard_task: Any, parameters: dict[str, Any]) -> Any:
+        return shard_task.submit(**parameters)
+
+    if not dask_scheduler:
+        yield local
+        return
+    from prefect_dask import DaskTaskRunner
+
+    runner = DaskTaskRunner(address=dask_scheduler, client_kwargs={"timeout": f"{DASK_CONNECT_TIMEOUT_S}s"})
+    runner.__enter__()
+    try:
+        runner.client  # noqa: B018 - connects now (it would connect at the first submit)
+    except (OSError, TimeoutError) as exc:
+        runner.__exit__(None, None, None)
+        get_run_logger().warning("Dask scheduler %s did not answer (%s): collecting with the flow's threads",
+                                 dask_scheduler, str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__)
+        yield local
+        return
+    try:
+        yield lambda shard_task, parameters: runner.submit(shard_task, parameters)
+    finally:
+        runner.__exit__(None, None, None)
+
+
 def collect_evidence(inventory_path: str | Path, job: str, bundle: str | Path, nodes: str | list[str] | None = None,
                      *, baseline: bool = False, replace: bool = False,
-                     shard_size: int = DEFAULT_SHARD_SIZE, artifact_key: str | None = None) -> CollectResult:
+                     shard_size: int = DEFAULT_SHARD_SIZE, artifact_key: str | None = None,
+                     dask_scheduler: str | None = None) -> CollectResult:
     """Collect a job's evidence from inside a flow: shard tasks submitted together, each
-    with its share of the inventory's fan-out, then the bundle's collection record and a
-    table artifact. Call it from a flow (it submits tasks)."""
+    with its share of the inventory's fan-out (on the Dask cluster at ``dask_scheduler``
+    when given), then the bundle's collection record and a table artifact. Call it from a
+    flow (it submits tasks)."""
     inventory = load_inventory(inventory_path)
     wanted = expand_nodes(nodes) if isinstance(nodes, str) else nodes
     root, wanted, started = prepare_bundle(inventory, job, bundle, wanted, baseline=baseline, replace=replace)
     shards = shard_nodes(wanted, shard_size)
     share = max(1, math.ceil(inventory.ssh.fanout / len(shards)))
     t0 = time.monotonic()
-    futures = [
-        collect_shard.submit(str(inventory.path), job, str(root), shard, baseline=baseline, fanout=share,
-                             label=f"{index + 1}/{len(shards)} ({len(shard)} nodes)")
-        for index, shard in enumerate(shards)
-    ]
-    results = [result for future in futures for result in future.result()]
+    with shard_runner(dask_scheduler) as submit:
+        futures = [
+            submit(collect_shard, {"inventory_path": str(inventory.path), "job": job, "bundle": str(root),
+                                   "nodes": shard, "baseline": baseline, "fanout": share,
+                                   "label": f"{index + 1}/{len(shards)} ({len(shard)} nodes)"})
+            for index, shard in enumerate(shards)
+        ]
+        results = [result for future in futures for result in future.result()]
     outcome = CollectResult(root, job, baseline, time.monotonic() - t0, results)
     record_collection(outcome, inventory, started)
     create_table_artifact(
@@ -78,11 +126,11 @@ def collect_evidence(inventory_path: str | Path, job: str, bundle: str | Path, n
 
 
 def collect_incident(inventory_path: str, job: str, bundle: str, nodes: list[str], incident: str, *,
-                     notifier: Any) -> CollectResult:
+                     notifier: Any, dask_scheduler: str | None = None) -> CollectResult:
     """The incident's evidence from every node of the job over SSH (the bundle's node folders
     are replaced), told in the thread as a count of nodes by outcome."""
     collected = collect_evidence(inventory_path, job, bundle, nodes or None, replace=True,
-                                 artifact_key=f"collection-{incident.lower()}"[:100])
+                                 artifact_key=f"collection-{incident.lower()}"[:100], dask_scheduler=dask_scheduler)
     buckets = collected.buckets()
     if notifier:
         notifier.stage("collect", f"collected {len(buckets['ok'])}/{len(collected.nodes)} nodes"

@@ -11,7 +11,7 @@ incident must not kill itself over a lease.
 - ``spikeops-incidents`` (limit ``max_concurrent``) counts incidents that are working. A
   paused incident gives its slot back while it waits for a person (``IncidentSlots.paused``)
   and takes one again before it acts on the answer.
-- ``spikeops-job-JOB`` (limit 1) is held from start to end, the pause included, so a second
+- ``spikeops-job-CLUSTER-JOB`` (limit 1; ``spikeops-job-JOB`` without a cluster) is held from start to end, the pause included, so a second
   alert about the same job (another idempotency key) waits instead of stopping, draining or
   resubmitting beside the first. It is removed when its last incident ends; a waiter that
   finds it gone creates it again and goes on waiting its turn.
@@ -30,9 +30,11 @@ __all__ = ["INCIDENTS_LIMIT", "job_limit_name", "ensure_limit", "remove_idle_lim
 INCIDENTS_LIMIT = "spikeops-incidents"
 
 
-def job_limit_name(job_id: str) -> str:
-    """The global concurrency limit that serialises one job's incidents."""
-    return f"spikeops-job-{job_id}"
+def job_limit_name(job_id: str, cluster: str | None = None) -> str:
+    """The global concurrency limit that serialises one job's incidents. Job ids are a
+    scheduler's own (two Slurm clusters both have a job 4412), so the cluster is part of it
+    when known: job 4412 of east never waits for job 4412 of west."""
+    return f"spikeops-job-{cluster}-{job_id}" if cluster else f"spikeops-job-{job_id}"
 
 
 def _lease_s() -> float:
@@ -103,8 +105,8 @@ def _slot(name: str, limit: int, timeout_s: float) -> Iterator[None]:
 class IncidentSlots:
     """The slots one incident holds; use as a context manager around the whole flow."""
 
-    def __init__(self, job_id: str, max_concurrent: int, timeout_s: float) -> None:
-        self.job = job_limit_name(job_id)
+    def __init__(self, job_id: str, max_concurrent: int, timeout_s: float, cluster: str | None = None) -> None:
+        self.job = job_limit_name(job_id, cluster)
         self.max_concurrent = max_concurrent
         self.timeout_s = timeout_s
         self._stack = ExitStack()

@@ -28,15 +28,27 @@ from spikeops.config import SpikeopsConfig, load_config
 from spikeops.errors import InputError
 from spikeops.watch import Anomaly, alert_payload
 
-__all__ = ["FLOW_NAME", "DEPLOYMENT_NAME", "prefect_starter", "open_thread", "deployment_target", "start_incident"]
+__all__ = ["FLOW_NAME", "DEPLOYMENT_NAME", "CLUSTER_DEPLOYMENT", "cluster_deployment_name", "prefect_starter",
+           "open_thread", "deployment_target", "start_incident"]
 
 FLOW_NAME = "incident-response"
+#: The one deployment ``spikeops serve`` serves in its own process.
 DEPLOYMENT_NAME = f"{FLOW_NAME}/incident-response"
+#: One deployment per cluster, each on the cluster's work pool (``infra/prefect/up``).
+CLUSTER_DEPLOYMENT = f"{FLOW_NAME}/{{cluster}}"
+
+
+def cluster_deployment_name(deployment: str, cluster: str) -> str:
+    """The deployment that runs an incident on ``cluster``: ``deployment`` with ``{cluster}``
+    filled in (a name without it is the same for every cluster). The cluster name was
+    checked against spikeops.toml, so it is a configured one and a plain name."""
+    return deployment.replace("{cluster}", cluster)
 
 
 def prefect_starter(config: SpikeopsConfig, deployment: str = DEPLOYMENT_NAME, *,
                     announce: bool = True) -> Callable[[Alert, str], str]:
-    """``start(alert, key) -> flow run id``: the run for that key, started or found."""
+    """``start(alert, key) -> flow run id``: the run for that key, started or found, of
+    ``deployment`` (``CLUSTER_DEPLOYMENT``: the alert's cluster's own deployment)."""
     from prefect.deployments import run_deployment
 
     def start(alert: Alert, key: str) -> str:
@@ -45,7 +57,8 @@ def prefect_starter(config: SpikeopsConfig, deployment: str = DEPLOYMENT_NAME, *
         overrides = {"incident_id": key.replace("alert-", "inc-"), "alert": {
             "source": alert.source, "received": alert.starts_at, "payload": {
                 "alertname": alert.name, "labels": alert.labels, "fingerprint": alert.fingerprint}}}
-        run = run_deployment(deployment, parameters={"job_id": alert.job, "cluster": cluster, "overrides": overrides},
+        run = run_deployment(cluster_deployment_name(deployment, cluster),
+                             parameters={"job_id": alert.job, "cluster": cluster, "overrides": overrides},
                              idempotency_key=key, timeout=0, flow_run_name=f"job-{alert.job}-{alert.name}"[:100],
                              tags=[f"job:{alert.job}", f"cluster:{cluster}"])
         if announce:

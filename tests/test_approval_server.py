@@ -258,7 +258,7 @@ def test_an_approval_given_after_the_leases_were_renewed_is_honoured(served: Ser
     assert {f"job:{served.jobs['sim']}", "cluster:sim"} <= set(run["tags"])
     # while it waits: the job's own slot is held, the shared one given back to other incidents
     limits = _limits(served)
-    assert limits[f"spikeops-job-{served.jobs['sim']}"] == 1
+    assert limits[f"spikeops-job-sim-{served.jobs['sim']}"] == 1
     bundle = _bundle(served, run)
     culprit = _culprit(bundle)
     waiting = [m for m in _outbox(served, bundle) if "Waiting for approval" in m.get("text", "")]
@@ -314,7 +314,7 @@ def test_an_approval_given_after_the_leases_were_renewed_is_honoured(served: Ser
     assert widths and all(w > 100 for w in widths), widths
     # the slots: the shared one was taken again and given back; the job's limit is gone
     limits = _limits(served)
-    assert limits.get("spikeops-incidents") == 0 and f"spikeops-job-{served.jobs['sim']}" not in limits
+    assert limits.get("spikeops-incidents") == 0 and f"spikeops-job-sim-{served.jobs['sim']}" not in limits
     log = (served.work / "servers.log").read_text()
     assert "lease renewal failed" not in log.lower()
     # limits are read before they are created: the server never logs a duplicate-name failure

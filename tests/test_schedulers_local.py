@@ -110,3 +110,30 @@ def test_cli_local_scheduler_and_dry_run(tmp_path: Path) -> None:
     assert main(["job", "stop", "4412", *base], out=io.StringIO(), err=err) == 2
     assert "not found" in err.getvalue()
     assert main(["job", "stop", "$(reboot)", *base], out=io.StringIO(), err=io.StringIO()) == 2
+
+
+def _drain_one(args: tuple[str, str]) -> str:
+    directory, node = args
+    return LocalScheduler(directory).drain([node], "gpu_xid", incident=f"inc-{node}")[0].outcome
+
+
+def _submit_one(directory: str) -> str:
+    return LocalScheduler(directory).submit([sys.executable, "-c", "pass"], ["n-01"])
+
+
+def test_incidents_acting_at_once_from_several_processes_lose_nothing(tmp_path: Path) -> None:
+    """Several flow runs (processes) drain and resubmit on one scheduler at the same moment:
+    every drain stays and every job gets its own id (the state is read, changed and written
+    under a lock, as slurmctld serialises its own)."""
+    import multiprocessing
+
+    scheduler = LocalScheduler(tmp_path / "sched")
+    names = [f"n-{i:02d}" for i in range(1, 25)]
+    scheduler.add_nodes(names)
+    context = multiprocessing.get_context("fork")
+    with context.Pool(8) as pool:
+        outcomes = pool.map(_drain_one, [(str(tmp_path / "sched"), n) for n in names])
+        jobs = pool.map(_submit_one, [str(tmp_path / "sched")] * 16)
+    assert outcomes == ["done"] * len(names)
+    assert sorted(n.name for n in scheduler.drained()) == names
+    assert len(set(jobs)) == 16 and sorted(j.job_id for j in scheduler.jobs()) == sorted(jobs)

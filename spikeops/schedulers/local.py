@@ -11,13 +11,16 @@ absent, so the pipeline runs end to end on one laptop with the same audit trail.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import signal as signals
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -92,8 +95,31 @@ class LocalScheduler:
         self.dry_run = dry_run
         self.incident = incident
         (self.directory / "jobs").mkdir(parents=True, exist_ok=True)
+        self._mutex = threading.RLock()
+        self._depth = 0
 
     # ------------------------------------------------------------------ state files
+    @contextmanager
+    def _locked(self) -> Iterator[None]:
+        """The state directory to ourselves: other processes' (and threads') changes wait.
+        Re-entrant in one thread (a resume holds it around its check and its submit)."""
+        with self._mutex:
+            if self._depth:
+                self._depth += 1
+                try:
+                    yield
+                finally:
+                    self._depth -= 1
+                return
+            with open(self.directory / "state.lock", "a+b") as handle:
+                fcntl.flock(handle, fcntl.LOCK_EX)
+                self._depth = 1
+                try:
+                    yield
+                finally:
+                    self._depth = 0
+                    fcntl.flock(handle, fcntl.LOCK_UN)
+
     def _nodes_path(self) -> Path:
         return self.directory / "nodes.json"
 
@@ -112,16 +138,18 @@ class LocalScheduler:
         atomic_write(self._nodes_path(), (json.dumps(document, indent=1) + "\n").encode())
 
     def add_nodes(self, names: Iterable[str]) -> None:
-        nodes = self.nodes()
-        for name in _check_nodes(names):
-            nodes.setdefault(name, LocalNode(name))
-        self._save_nodes(nodes)
+        with self._locked():
+            nodes = self.nodes()
+            for name in _check_nodes(names):
+                nodes.setdefault(name, LocalNode(name))
+            self._save_nodes(nodes)
 
     def set_node(self, name: str, state: str, reason: str | None, user: str | None = None) -> None:
         """Change a node as someone else would (an operator, a health check)."""
-        nodes = self.nodes()
-        nodes[name] = LocalNode(name, state, reason, user)
-        self._save_nodes(nodes)
+        with self._locked():
+            nodes = self.nodes()
+            nodes[name] = LocalNode(name, state, reason, user)
+            self._save_nodes(nodes)
 
     def _job_path(self, job: str) -> Path:
         return self.directory / "jobs" / f"{job}.json"
@@ -177,8 +205,11 @@ class LocalScheduler:
         """Start ``argv`` as a job on ``nodes`` (minus ``exclude``); its id. The job's
         environment is ``environment`` (default: the caller's, as ``sbatch`` exports it)
         with ``env`` added; it is stored, so that a resume can give it back."""
-        existing = [int(p.stem) for p in (self.directory / "jobs").glob("*.json") if p.stem.isdigit()]
-        job = str(max(existing, default=1000) + 1)
+        with self._locked():  # the id is taken (its file written) before another submit looks
+            existing = [int(p.stem) for p in (self.directory / "jobs").glob("*.json") if p.stem.isdigit()]
+            job = str(max(existing, default=1000) + 1)
+            self._save_job(LocalJob(job, list(argv), list(nodes), None, cwd, dict(env or {}), comment,
+                                    list(exclude), state="PENDING"))
         exit_file = self.directory / "jobs" / f"{job}.exit"
         # -I: the job's PYTHONPATH/PYTHONHOME must not change the interpreter of this wrapper
         wrapper = [sys.executable, "-I", "-c",
@@ -223,6 +254,10 @@ class LocalScheduler:
         return nodes
 
     def drain(self, nodes: Iterable[str], reason: str, incident: str | None = None) -> list[ActionResult]:
+        with self._locked():
+            return self._drain(nodes, reason, incident)
+
+    def _drain(self, nodes: Iterable[str], reason: str, incident: str | None) -> list[ActionResult]:
         names = _check_nodes(nodes)
         incident = incident or self.incident
         text = drain_reason(reason, incident)
@@ -243,6 +278,10 @@ class LocalScheduler:
         return results
 
     def release(self, nodes: Iterable[str]) -> list[ActionResult]:
+        with self._locked():
+            return self._release(nodes)
+
+    def _release(self, nodes: Iterable[str]) -> list[ActionResult]:
         names = _check_nodes(nodes)
         state = self._known(names)
         results = []
@@ -300,6 +339,12 @@ class LocalScheduler:
         ``env`` (the remediation) and ``resume_env=checkpoint``; refused when its stored
         environment is gone rather than started with the caller's. ``on`` names exactly the
         nodes to run on (a replay of the spike window, ``action="replay"``)."""
+        with self._locked():  # the check for an earlier resubmission and the submission, as one
+            return self._resume(job, checkpoint, exclude=exclude, resume_env=resume_env, key=key, env=env, on=on,
+                                action=action)
+
+    def _resume(self, job: str, checkpoint: str, *, exclude: Iterable[str], resume_env: str, key: str | None,
+                env: Mapping[str, str] | None, on: Sequence[str] | None, action: str) -> ActionResult:
         excluded = _check_nodes(exclude) if list(exclude) else []
         try:
             extra_env = check_env(env or {})

@@ -51,6 +51,9 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
                         help="print: only print each incident (default); receiver: POST it to the alert "
                              f"receiver (Bearer ${RECEIVER_TOKEN_ENV}); deployment: start the incident flow "
                              "with run_deployment (PREFECT_API_URL)")
+    parser.add_argument("--deployment", metavar="NAME", default="incident-response/incident-response",
+                        help="with --fire deployment: the deployment to start (default that of spikeops serve; "
+                             "'incident-response/{cluster}' for the work-pool layout, docs/scaleout.md)")
     parser.add_argument("--receiver", metavar="URL",
                         help="the receiver's URL (default http://[receiver] addr/alerts/generic)")
     parser.add_argument("--from-start", action="store_true",
@@ -96,7 +99,7 @@ def _target(args: argparse.Namespace, config: Any, out: TextIO) -> Fire:
         # Prefect lives outside the core: imported only for this target.
         from tasks.start import deployment_target
 
-        start = deployment_target(config, args.job, args.cluster)
+        start = deployment_target(config, args.job, args.cluster, deployment=args.deployment)
 
     def fire(anomaly: Any) -> str | None:
         note = start(anomaly)
