@@ -332,7 +332,6 @@ def test_single_and_per_probe_sessions_write_the_same_bundle(faulty, both) -> No
     linger, flood = _node(faulty, "linger"), _node(faulty, "flood")
     note = out / "single" / "nodes" / flood / "nvidia-smi-q.err"
     assert note.read_text().strip() == "File size limit exceeded"
-    note.unlink()
     assert {r.sessions for r in single.nodes} == {"single"}, [(r.node, r.outcome, r.detail) for r in single.nodes]
     assert {r.sessions for r in per_probe.nodes} == {"per-probe"}
     outcomes = [{r.node: r.outcome for r in result.nodes} for result in (single, per_probe)]
@@ -340,7 +339,7 @@ def test_single_and_per_probe_sessions_write_the_same_bundle(faulty, both) -> No
     assert outcomes[0] == outcomes[1]
     for node in faulty.nodes:
         one, other = out / "single" / "nodes" / node, out / "per-probe" / "nodes" / node
-        names = sorted(p.name for p in one.iterdir())
+        names = sorted(p.name for p in one.iterdir() if p != note)
         assert names == sorted(p.name for p in other.iterdir()), node
         for name in names:
             if name != "probes.json":
@@ -354,6 +353,25 @@ def test_single_and_per_probe_sessions_write_the_same_bundle(faulty, both) -> No
         assert list(_probes(one)) == list(_probes(other))  # the same order too
     record = json.loads((out / "single" / "collection.json").read_text())
     assert {n["sessions"] for n in record["nodes"]} == {"single"}
+
+
+def test_the_openssh_client_writes_the_same_bundle_as_paramiko(faulty, both, tmp_path: Path) -> None:
+    """The runner through an ``ssh`` process: the same files, byte for byte, and the same
+    probes.json, for every fault of the cluster."""
+    _, _, out = both
+    result = collect(load_inventory(_inventory(faulty, "openssh.toml", client="openssh")), faulty.job,
+                     tmp_path / "openssh")
+    assert {(r.sessions, r.client) for r in result.nodes} == {("single", "openssh")}
+    for node in faulty.nodes:
+        one, other = out / "single" / "nodes" / node, tmp_path / "openssh" / "nodes" / node
+        names = sorted(p.name for p in one.iterdir())
+        assert names == sorted(p.name for p in other.iterdir()), node
+        for name in names:
+            if name != "probes.json":
+                assert (one / name).read_bytes() == (other / name).read_bytes(), (node, name)
+        untimed = [{probe: {k: v for k, v in entry.items() if k not in ("started", "seconds")}
+                    for probe, entry in _probes(folder).items()} for folder in (one, other)]
+        assert untimed[0] == untimed[1], node
 
 
 def test_single_session_keeps_each_probes_bounds_and_the_others_output(faulty, both) -> None:
