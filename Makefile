@@ -7,7 +7,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 # Debian packages the test suite needs (installed only when missing; see infra/apt-ensure.sh).
-APT_PACKAGES := openssh-server munge slurmctld slurmd slurm-client busybox chromium chromium-driver
+APT_PACKAGES := openssh-server openssh-client munge slurmctld slurmd slurm-client busybox chromium chromium-driver
 # The demo's nodes are real sshd servers (Slurm is used when installed, never installed for it).
 DEMO_APT_PACKAGES := openssh-server
 # ... and the benchmarks' baselines (pdsh; clush comes with ClusterShell from PyPI).

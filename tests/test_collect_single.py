@@ -320,6 +320,18 @@ def _probes(folder: Path) -> dict:
     return json.loads((folder / "probes.json").read_text())
 
 
+def _same_files(one: Path, other: Path, skip: tuple[Path, ...] = ()) -> list[dict]:
+    """Assert two node folders hold the same files, byte for byte (probes.json and ``skip``
+    aside); return both probes.json without their timings."""
+    names = sorted(p.name for p in one.iterdir() if p not in skip)
+    assert names == sorted(p.name for p in other.iterdir()), one.name
+    for name in names:
+        if name != "probes.json":
+            assert (one / name).read_bytes() == (other / name).read_bytes(), (one.name, name)
+    return [{probe: {k: v for k, v in entry.items() if k not in ("started", "seconds")}
+             for probe, entry in _probes(folder).items()} for folder in (one, other)]
+
+
 def test_single_and_per_probe_sessions_write_the_same_bundle(faulty, both) -> None:
     """Byte for byte, but for the two documented differences (docs/inventory.md, "Sessions"):
     a probe that exits while a child it left behind holds its output open (``linger``) has
@@ -339,13 +351,7 @@ def test_single_and_per_probe_sessions_write_the_same_bundle(faulty, both) -> No
     assert outcomes[0] == outcomes[1]
     for node in faulty.nodes:
         one, other = out / "single" / "nodes" / node, out / "per-probe" / "nodes" / node
-        names = sorted(p.name for p in one.iterdir() if p != note)
-        assert names == sorted(p.name for p in other.iterdir()), node
-        for name in names:
-            if name != "probes.json":
-                assert (one / name).read_bytes() == (other / name).read_bytes(), (node, name)
-        untimed = [{probe: {k: v for k, v in entry.items() if k not in ("started", "seconds")}
-                    for probe, entry in _probes(folder).items()} for folder in (one, other)]
+        untimed = _same_files(one, other, skip=(note,))
         if node == linger:
             assert untimed[0].pop("nvidia-smi-q") == {"command": "nvidia-smi -q", "exit": 0, "error": None}
             assert untimed[1].pop("nvidia-smi-q") == {"command": "nvidia-smi -q", "exit": None, "error": "timeout"}
@@ -363,14 +369,7 @@ def test_the_openssh_client_writes_the_same_bundle_as_paramiko(faulty, both, tmp
                      tmp_path / "openssh")
     assert {(r.sessions, r.client) for r in result.nodes} == {("single", "openssh")}
     for node in faulty.nodes:
-        one, other = out / "single" / "nodes" / node, tmp_path / "openssh" / "nodes" / node
-        names = sorted(p.name for p in one.iterdir())
-        assert names == sorted(p.name for p in other.iterdir()), node
-        for name in names:
-            if name != "probes.json":
-                assert (one / name).read_bytes() == (other / name).read_bytes(), (node, name)
-        untimed = [{probe: {k: v for k, v in entry.items() if k not in ("started", "seconds")}
-                    for probe, entry in _probes(folder).items()} for folder in (one, other)]
+        untimed = _same_files(out / "single" / "nodes" / node, tmp_path / "openssh" / "nodes" / node)
         assert untimed[0] == untimed[1], node
 
 
@@ -444,6 +443,27 @@ def test_login_cost_models_wait_or_burn_cpu() -> None:
     assert "sleep 0.040" in waiting and "while" not in waiting.split("mkdir")[-1]
     assert "sleep 0.040" not in burning and "while [ \"$i\" -lt" in burning
     assert "sleep 0.050" in waiting and "sleep 0.050" in burning  # the connection's part waits in both
+
+
+def test_real_tool_times_make_the_fake_tools_wait(tmp_path: Path) -> None:
+    """The benchmark's `real-tools` node model: nvidia-smi -q waits its second (then answers
+    the node's file as before); other calls and the default model do not wait."""
+    from spikeops.sim.nodetools import NO_TOOL_TIMES, REAL_TOOL_TIMES, write_tools
+
+    node = tmp_path / "node"
+    node.mkdir()
+    (node / "nvidia-smi-q.txt").write_text("==============NVSMI LOG==============\n")
+    env = dict(os.environ, SPIKEOPS_SIM_NODE=str(node), SPIKEOPS_SIM_NAME="gpu-001")
+    for tools, waits in ((REAL_TOOL_TIMES, True), (NO_TOOL_TIMES, False)):
+        write_tools(tmp_path / "root", tools=tools)
+        smi = tmp_path / "root" / "bin" / "nvidia-smi"
+        assert ("sleep 1.000" in smi.read_text()) is waits
+        assert ("sleep 0.030" in (tmp_path / "root" / "bin" / "ethtool").read_text()) is waits
+        t0 = time.monotonic()
+        done = subprocess.run([str(smi), "-q"], capture_output=True, env=env, timeout=30, check=True)
+        if waits:
+            assert time.monotonic() - t0 >= REAL_TOOL_TIMES.nvidia_smi_ms / 1000
+        assert done.stdout == (node / "nvidia-smi-q.txt").read_bytes()
 
 
 def test_real_login_cost_is_paid_once_per_connection_and_once_per_session(tmp_path: Path) -> None:
