@@ -7,10 +7,10 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 # Debian packages the test suite needs (installed only when missing; see infra/apt-ensure.sh):
-# sshd and Slurm for the clusters, busybox for the collector's runner under a minimal shell,
+# sshd and Slurm for the clusters, ssh for the collector's OpenSSH client, busybox for the collector's runner under a minimal shell,
 # Prometheus and Alertmanager for the monitoring chain, Chromium for the Prefect UI checks,
 # PostgreSQL for the scale-out layout.
-APT_PACKAGES := openssh-server munge slurmctld slurmd slurm-client busybox prometheus prometheus-alertmanager chromium chromium-driver postgresql
+APT_PACKAGES := openssh-server openssh-client munge slurmctld slurmd slurm-client busybox prometheus prometheus-alertmanager chromium chromium-driver postgresql
 # The demo's nodes are real sshd servers (Slurm is used when installed, never installed for it).
 DEMO_APT_PACKAGES := openssh-server
 # ... and the benchmarks' baselines (pdsh; clush comes with ClusterShell from PyPI; GNU time for

@@ -2,21 +2,26 @@
 
 Starts the local cluster (infra/sim/cluster: real sshd per 16 nodes on loopback, node tools
 answering from per-node files) at each size, and measures every tool against the same
-servers, under three node models (``--login``):
+servers, under four node models (``--model``):
 
-- ``cheap``: this machine's bare sshd (no PAM, a login shell without profile): what the
-  tests use, and cheaper than a compute node;
+- ``cheap``: this machine's bare sshd (no PAM, a login shell without profile) and tools that
+  answer at once: what the tests use, and cheaper than a compute node;
 - ``real``: what a compute node's login costs (spikeops.sim.nodetools.REAL_LOGIN, justified
   in the README): 50 ms of PAM session stack per connection, 40 ms of login shell and profile
   per session, paid as waiting by each node, as on a cluster each node pays it on its own cores;
 - ``real-cpu``: the same, the 40 ms of each session burnt as CPU by its shell. Every
   simulated node shares this machine's two cores, so this charges one node's sessions to all
-  the others too: an upper bound of what sessions cost, where ``real`` is a lower one.
+  the others too: an upper bound of what sessions cost, where ``real`` is a lower one;
+- ``real-tools``: ``real`` logins, and tools that take as long as on an 8-GPU node
+  (spikeops.sim.nodetools.REAL_TOOL_TIMES, justified in the README: nvidia-smi -q a second,
+  ethtool -S and ibstat tens of milliseconds), spent waiting as the real tools do. The joined
+  command runs the probes one after another; spikeops runs a node's probes at once.
 
 The five probes of the issue (nvidia-smi -q, the kernel log, ethtool -S per interface, ibstat,
 the InfiniBand counters) are run by:
 
-- spikeops collect, one session per node (the default) and a session per probe, fan-out 64;
+- spikeops collect, one session per node (the default) through paramiko and through
+  OpenSSH's ssh (``[ssh] client = "openssh"``), and a session per probe, fan-out 64;
 - pdsh -R ssh -f 64 with the five commands joined into one (one connection and one session
   per node; the outputs come back interleaved, with one exit status, no per-probe bound);
 - pdsh -R exec -f 64 running `ssh %h` itself, joined (the same ssh client without pdsh's ssh
@@ -26,9 +31,10 @@ the InfiniBand counters) are run by:
 
 Wall time, client CPU (user + system of the tool and the children it waited for), node CPU
 (everything the sshd servers ran for it, from a cpuacct cgroup, when run as root) and peak RSS
-(the largest process of the tree, from wait4). Run by hand: `python bench/bench_collect.py
---nodes 64 256 --login real cheap [--rss-nodes 1024]`; the figures go in the README. Nothing here is asserted;
-the tests check behaviour, this measures speed.
+(the largest process of the tree, from GNU time), and each tool's wall time against
+``pdsh -R ssh`` joined on the same model. Run by hand: `python bench/bench_collect.py --nodes
+64 256 --model real real-tools [--rss-nodes 1024]`; the figures go in the README, a table per
+node model. Nothing here is asserted; the tests check behaviour, this measures speed.
 """
 
 from __future__ import annotations
@@ -47,8 +53,8 @@ from pathlib import Path
 
 from spikeops.inventory import load_inventory
 from spikeops.sim import cluster as simcluster
-from spikeops.sim.cluster import LOGINS
-from spikeops.sim.nodetools import LoginCost
+from spikeops.sim.cluster import NODE_MODELS
+from spikeops.sim.nodetools import LoginCost, ToolTimes
 
 PROBES = [
     "nvidia-smi -q",
@@ -59,6 +65,16 @@ PROBES = [
 ]
 JOINED = " ; ".join(f"{{ {probe} ; }}" for probe in PROBES)
 FIVE_ONLY = "".join(f"\n[probes.{name}]\nenabled = false\n" for name in ("nccl", "nccl-version", "train", "nvml"))
+#: spikeops' modes: (label, [ssh] settings).
+MODES = {
+    "single": ("spikeops collect, one session per node (paramiko)", 'sessions = "single"\n'),
+    "openssh": ("spikeops collect, one session per node (openssh)", 'client = "openssh"\n'),
+    "per-probe": ("spikeops collect, a session per probe (paramiko)", 'sessions = "per-probe"\n'),
+}
+#: What pdsh and clush get from the cluster's ssh_config beyond the strict defaults: the key
+#: exchange (OpenSSH's default sntrup761 hybrid costs its client ~90 ms of CPU a connection
+#: here). spikeops' ssh gets the same line; paramiko offers curve25519 first by itself.
+KEX_CONFIG = "Host *\n    KexAlgorithms ^curve25519-sha256\n"
 
 Row = tuple[str, float, float, int, str, float | None]  # label, wall s, client CPU s, peak RSS KiB, check, node CPU s
 CPUACCT = Path("/sys/fs/cgroup/cpuacct")
@@ -165,25 +181,34 @@ def _nodes_answering(out: Path) -> int:
 
 
 def _spikeops(cluster: simcluster.Cluster, size: int, work: Path, fanout: int,
-              sessions: str) -> tuple[str, float, float, int, str]:
-    inventory = work / f"inventory-{size}-{sessions}.toml"
-    inventory.write_text(cluster.inventory.read_text().replace("fanout = 128\n", f'fanout = 128\nsessions = "{sessions}"\n')
+              mode: str) -> tuple[str, float, float, int, str]:
+    label, settings = MODES[mode]
+    config = work / "ssh_config-kex"
+    config.write_text(KEX_CONFIG)
+    if mode == "openssh":
+        settings += f'config = "{config}"\n'
+    inventory = work / f"inventory-{size}-{mode}.toml"
+    inventory.write_text(cluster.inventory.read_text().replace("fanout = 128\n", "fanout = 128\n" + settings)
                          + FIVE_ONLY)
-    bundle = work / f"bundle-{size}-{sessions}"
+    bundle = work / f"bundle-{size}-{mode}"
     shutil.rmtree(bundle, ignore_errors=True)
     exe = Path(sys.executable).with_name("spikeops")
     seconds, cpu, rss, code = _run([str(exe), "collect", "-i", str(inventory), "--job", cluster.job, "--out",
                                     str(bundle), "--fanout", str(fanout)])
     ok = sum(1 for p in (bundle / "nodes").iterdir() if (p / "nvidia-smi-q.txt").is_file()) if bundle.is_dir() else 0
-    label = "spikeops collect, one session per node" if sessions == "single" else "spikeops collect, a session per probe"
     return label, seconds, cpu, rss, f"exit {code}, {ok}/{size} nodes with evidence"
 
 
+BASELINE_KEYS = {"pdsh -R ssh": "pdsh", "pdsh -R exec ssh": "pdsh-exec", "clush": "clush"}
+
+
 def _baselines(cluster: simcluster.Cluster, size: int, work: Path, fanout: int, per_probe: bool,
-               node_cpu: NodeCpu) -> list[Row]:
+               node_cpu: NodeCpu, baselines: tuple[str, ...] = tuple(BASELINE_KEYS.values())) -> list[Row]:
     nodes = load_inventory(cluster.inventory).nodes
     rows: list[Row] = []
-    tools: list[tuple[str, Callable]] = [("pdsh -R ssh", _pdsh), ("pdsh -R exec ssh", _pdsh_exec), ("clush", _clush)]
+    tools: list[tuple[str, Callable]] = [(tool, runner) for tool, runner in
+                                         (("pdsh -R ssh", _pdsh), ("pdsh -R exec ssh", _pdsh_exec), ("clush", _clush))
+                                         if BASELINE_KEYS[tool] in baselines]
     for tool, runner in tools:
         out = work / f"{tool.replace(' ', '_')}-{size}-joined.out"
 
@@ -215,8 +240,9 @@ def _median(rows: list[Row]) -> Row:
     return ordered[(len(ordered) - 1) // 2]
 
 
-def _bench_size(size: int, logins: list[str], fanout: int, per_probe: bool, work: Path,
-                rss_only: bool = False, repeat: int = 1) -> list[tuple[str, Row]]:
+def _bench_size(size: int, models: list[str], fanout: int, per_probe: bool, work: Path,
+                rss_only: bool = False, repeat: int = 1,
+                baselines: tuple[str, ...] = tuple(BASELINE_KEYS.values())) -> list[tuple[str, Row]]:
     shm = Path("/dev/shm")
     # The servers' files on tmpfs when there is one (cluster start-up is not what is measured);
     # every tool's output goes to the same disk directory.
@@ -227,19 +253,19 @@ def _bench_size(size: int, logins: list[str], fanout: int, per_probe: bool, work
         port = simcluster.free_port(("127.0.16.11",))
         with simcluster.running(base / f"cluster-{size}", nodes=size, port=port, first_address="127.0.16.11") as cluster:
             node_cpu = NodeCpu(cluster)
-            for login in logins:
-                simcluster.set_login(cluster.directory, LOGINS[login])
+            for model in models:
+                simcluster.set_login(cluster.directory, *NODE_MODELS[model])
                 if rss_only:
-                    rows.append((login, _measured(node_cpu, lambda: _spikeops(cluster, size, work, fanout, "single"))))
+                    rows.append((model, _measured(node_cpu, lambda: _spikeops(cluster, size, work, fanout, "single"))))
                     continue
                 # the tools take turns, `repeat` rounds, so a load that comes and goes on a
                 # shared machine falls on all of them alike; each one's median run is kept
                 rounds: list[list[Row]] = []
                 for _ in range(repeat):
                     ours = [_measured(node_cpu, lambda mode=mode: _spikeops(cluster, size, work, fanout, mode))
-                            for mode in ("single", "per-probe")]
-                    rounds.append(ours + _baselines(cluster, size, work, fanout, per_probe, node_cpu))
-                rows.extend((login, _median([one[i] for one in rounds])) for i in range(len(rounds[0])))
+                            for mode in MODES]
+                    rounds.append(ours + _baselines(cluster, size, work, fanout, per_probe, node_cpu, baselines))
+                rows.extend((model, _median([one[i] for one in rounds])) for i in range(len(rounds[0])))
     finally:
         if node_cpu is not None:
             node_cpu.close()
@@ -247,23 +273,48 @@ def _bench_size(size: int, logins: list[str], fanout: int, per_probe: bool, work
     return rows
 
 
-def _describe(login: LoginCost) -> str:
+def _describe(login: LoginCost, tools: ToolTimes) -> str:
     if login.free:
-        return "cheap (bare sshd)"
-    how = "CPU" if login.session_cpu else "waiting"
-    return f"real ({login.connection_ms} ms/connection + {login.session_ms} ms/session of {how})"
+        text = "cheap (bare sshd)"
+    else:
+        how = "CPU" if login.session_cpu else "waiting"
+        text = f"real logins ({login.connection_ms} ms/connection + {login.session_ms} ms/session of {how})"
+    if not tools.free:
+        text += (f", real tool times (nvidia-smi -q {tools.nvidia_smi_ms} ms, ethtool -S {tools.ethtool_ms} ms, "
+                 f"ibstat {tools.ibstat_ms} ms)")
+    return text
+
+
+def _print_tables(results: list[tuple[int, str, Row]]) -> None:
+    """One table per node model; each tool's wall time also as a multiple of pdsh -R ssh's."""
+    for model in dict.fromkeys(model for _, model, _ in results):
+        print(f"\nNode model `{model}`: {_describe(*NODE_MODELS[model])}\n")
+        print("| nodes | tool | wall s | x pdsh -R ssh | client CPU s | node CPU s | peak RSS MiB | check |")
+        print("| ---: | --- | ---: | ---: | ---: | ---: | ---: | --- |")
+        for size in dict.fromkeys(size for size, m, _ in results if m == model):
+            rows = [row for s, m, row in results if s == size and m == model]
+            pdsh = next((row[1] for row in rows if row[0].startswith("pdsh -R ssh")), None)
+            for label, seconds, cpu, rss, check, nodes in rows:
+                ratio = f"{seconds / pdsh:.2f}" if pdsh else "-"
+                shown = "-" if nodes is None else f"{nodes:.1f}"
+                print(f"| {size} | {label} | {seconds:.2f} | {ratio} | {cpu:.1f} | {shown} | {rss / 1024:.0f} | {check} |",
+                      flush=True)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, nargs="*", default=[64, 256], help="sizes to measure every tool at")
-    parser.add_argument("--login", nargs="+", choices=list(LOGINS), default=["real", "real-cpu", "cheap"],
-                        help="node models to measure (default: real real-cpu cheap)")
+    parser.add_argument("--model", "--login", nargs="+", choices=list(NODE_MODELS), dest="models",
+                        default=["real", "real-tools", "real-cpu", "cheap"],
+                        help="node models to measure (default: real real-tools real-cpu cheap)")
     parser.add_argument("--rss-nodes", type=int, nargs="*", default=[],
                         help="sizes at which only spikeops (one session per node) is run, for its peak RSS")
     parser.add_argument("--fanout", type=int, default=64)
     parser.add_argument("--repeat", type=int, default=1,
                         help="rounds of every tool in turn; the median run of each is printed (default 1)")
+    parser.add_argument("--baselines", nargs="+", choices=list(BASELINE_KEYS.values()),
+                        default=list(BASELINE_KEYS.values()),
+                        help="the other tools to run (default: pdsh pdsh-exec clush; clush takes minutes at 256 nodes)")
     parser.add_argument("--per-probe-baselines", action="store_true",
                         help="also run pdsh and clush once per probe (slow: five passes over the nodes)")
     args = parser.parse_args()
@@ -272,17 +323,18 @@ def main() -> int:
     if not shutil.which("pdsh"):
         print("pdsh is not installed (apt-get install pdsh)", file=sys.stderr)
         return 2
+    results: list[tuple[int, str, Row]] = []
     with tempfile.TemporaryDirectory(prefix="spikeops-bench-collect-") as tmp:
         work = Path(tmp)
-        print("| nodes | login | tool | wall s | client CPU s | node CPU s | peak RSS MiB | check |")
-        print("| ---: | --- | --- | ---: | ---: | ---: | ---: | --- |")
         runs = [(size, False) for size in args.nodes] + [(size, True) for size in args.rss_nodes]
         for size, rss_only in runs:
-            for login, (label, seconds, cpu, rss, check, nodes) in _bench_size(
-                    size, args.login, args.fanout, args.per_probe_baselines, work, rss_only, max(1, args.repeat)):
-                shown = "-" if nodes is None else f"{nodes:.1f}"
-                print(f"| {size} | {_describe(LOGINS[login])} | {label} | {seconds:.2f} | {cpu:.1f} | {shown} | "
-                      f"{rss / 1024:.0f} | {check} |", flush=True)
+            for model, row in _bench_size(size, args.models, args.fanout, args.per_probe_baselines, work, rss_only,
+                                          max(1, args.repeat), tuple(args.baselines)):
+                results.append((size, model, row))
+                label, seconds, cpu, rss, check, nodes = row
+                print(f"# {size} nodes, {model}: {label}: {seconds:.2f} s wall, {cpu:.1f} s client CPU, "
+                      f"{'-' if nodes is None else f'{nodes:.1f}'} s node CPU ({check})", file=sys.stderr, flush=True)
+    _print_tables(results)
     return 0
 
 

@@ -35,6 +35,7 @@ __all__ = [
     "fold_nodes",
     "DEFAULT_SESSIONS_PER_NODE",
     "SESSION_MODES",
+    "SSH_CLIENTS",
     "resolve_targets",
     "DEFAULT_PORT",
     "DEFAULT_CONNECT_TIMEOUT",
@@ -50,6 +51,8 @@ DEFAULT_FANOUT = 128
 DEFAULT_SESSIONS_PER_NODE = 8
 #: ``[ssh] sessions``: every probe of a node in one SSH session (default), or one session each.
 SESSION_MODES = ("single", "per-probe")
+#: ``[ssh] client``: paramiko in the collector's process (default), or OpenSSH's ``ssh``.
+SSH_CLIENTS = ("paramiko", "openssh")
 #: Node names become bundle folder names and SSH host names; never shell words.
 _NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
@@ -70,6 +73,7 @@ class SshSettings:
     config: str | None = "~/.ssh/config"
     sessions: str = SESSION_MODES[0]
     spool_dir: str | None = None
+    client: str = SSH_CLIENTS[0]
 
 
 @dataclass(frozen=True)
@@ -201,10 +205,16 @@ def _ssh_settings(table: Mapping[str, Any], where: str) -> SshSettings:
     if sessions not in SESSION_MODES:
         raise InputError(f"{where}: [ssh] sessions must be one of {', '.join(map(repr, SESSION_MODES))}, "
                          f"not {sessions!r}")
+    client = _typed(table, "client", (str,), f"{where} [ssh]") or SSH_CLIENTS[0]
+    if client not in SSH_CLIENTS:
+        raise InputError(f"{where}: [ssh] client must be one of {', '.join(map(repr, SSH_CLIENTS))}, not {client!r}")
+    if client == "openssh" and sessions != "single":
+        raise InputError(f"{where}: [ssh] client = \"openssh\" runs one session per node; "
+                         f"sessions = {sessions!r} needs client = \"paramiko\"")
     spool = _text_or_none(_typed(table, "spool_dir", (str,), f"{where} [ssh]"))
     if spool is not None and (not spool.startswith("/") or "\n" in spool or "\0" in spool):
         raise InputError(f"{where}: [ssh] spool_dir must be an absolute path on the nodes, not {spool!r}")
-    return SshSettings(port=port, config=_text_or_none(config), sessions=sessions, spool_dir=spool,
+    return SshSettings(port=port, config=_text_or_none(config), sessions=sessions, spool_dir=spool, client=client,
                        **text, **numbers)
 
 

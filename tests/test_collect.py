@@ -4,7 +4,8 @@ One faulty cluster holds every fault the collection must survive: a node that re
 connections, one that accepts and never speaks SSH, one with a changed host key, one whose
 nvidia-smi hangs, one that prints a gigabyte, one without a GPU, one without InfiniBand.
 The run must finish within its timeouts, record each fault as data, and bring back the
-other nodes' evidence byte for byte.
+other nodes' evidence byte for byte, through either SSH client (``[ssh] client``: paramiko
+in the collector, or OpenSSH's ``ssh``).
 """
 
 from __future__ import annotations
@@ -33,9 +34,13 @@ COMMAND_TIMEOUT = 6
 CAP = 1 << 20
 
 
-def _inventory(cluster: simcluster.Cluster, name: str, extra: str = "", **replace: str) -> Path:
-    """A copy of the cluster's inventory with tighter bounds (and any edits)."""
-    text = cluster.inventory.read_text()
+CLIENTS = ["paramiko", "openssh"]
+
+
+def _inventory(cluster: simcluster.Cluster, name: str, extra: str = "", client: str = "paramiko",
+               **replace: str) -> Path:
+    """A copy of the cluster's inventory with tighter bounds, the SSH client (and any edits)."""
+    text = cluster.inventory.read_text().replace("fanout = 128\n", f'fanout = 128\nclient = "{client}"\n')
     text = text.replace("connect_timeout = 5", f"connect_timeout = {CONNECT_TIMEOUT}")
     text = text.replace("command_timeout = 10", f"command_timeout = {COMMAND_TIMEOUT}")
     for old, new in replace.items():
@@ -54,9 +59,14 @@ def faulty() -> Iterator[simcluster.Cluster]:
         yield cluster
 
 
+@pytest.fixture(scope="module", params=CLIENTS)
+def client(request: pytest.FixtureRequest) -> str:
+    return request.param
+
+
 @pytest.fixture(scope="module")
-def collected(faulty: simcluster.Cluster, tmp_path_factory: pytest.TempPathFactory):
-    inventory = load_inventory(_inventory(faulty, "tight.toml"))
+def collected(faulty: simcluster.Cluster, client: str, tmp_path_factory: pytest.TempPathFactory):
+    inventory = load_inventory(_inventory(faulty, f"tight-{client}.toml", client=client))
     out = tmp_path_factory.mktemp("bundle") / "b"
     return collect(inventory, faulty.job, out), out
 
@@ -136,9 +146,9 @@ def test_summary_folds_nodes_per_outcome(faulty, collected) -> None:
     assert json.loads((out / "incident.json").read_text())["job"]["id"] == faulty.job
 
 
-def test_existing_evidence_is_not_replaced_without_asking(faulty, collected, tmp_path: Path) -> None:
+def test_existing_evidence_is_not_replaced_without_asking(faulty, client, collected, tmp_path: Path) -> None:
     _, out = collected
-    inventory = load_inventory(_inventory(faulty, "tight.toml"))
+    inventory = load_inventory(_inventory(faulty, f"tight-{client}.toml", client=client))
     healthy = [n for n in faulty.nodes if n not in faulty.faults][:2]
     with pytest.raises(InputError, match="already holds evidence"):
         collect(inventory, faulty.job, out, nodes=healthy)
@@ -150,33 +160,38 @@ def test_existing_evidence_is_not_replaced_without_asking(faulty, collected, tmp
     assert (copy / "nodes" / healthy[0] / "nvidia-smi-q.txt").read_bytes() == before
 
 
-def test_unknown_host_key_and_wrong_identity_are_refused(faulty, tmp_path: Path) -> None:
+@pytest.mark.parametrize("client", CLIENTS)
+def test_unknown_host_key_and_wrong_identity_are_refused(faulty, client: str, tmp_path: Path) -> None:
     empty = tmp_path / "known_hosts"
     empty.write_text("")
     healthy = [n for n in faulty.nodes if n not in faulty.faults][:2]
-    inventory = load_inventory(_inventory(faulty, "nokeys.toml", **{str(faulty.known_hosts): str(empty)}))
+    inventory = load_inventory(_inventory(faulty, f"nokeys-{client}.toml", client=client,
+                                          **{str(faulty.known_hosts): str(empty)}))
     result = collect(inventory, faulty.job, tmp_path / "b1", nodes=healthy)
     assert [r.outcome for r in result.nodes] == ["refused", "refused"]
     assert "not in known_hosts" in result.nodes[0].detail
     assert {e["error"] for e in _probes(tmp_path / "b1", healthy[0]).values()} == {"host-key"}
     stranger = tmp_path / "stranger"
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(stranger)], check=True)
-    inventory = load_inventory(_inventory(faulty, "wrongkey.toml", **{str(faulty.identity_file): str(stranger)}))
+    inventory = load_inventory(_inventory(faulty, f"wrongkey-{client}.toml", client=client,
+                                          **{str(faulty.identity_file): str(stranger)}))
     result = collect(inventory, faulty.job, tmp_path / "b2", nodes=healthy)
     assert [r.outcome for r in result.nodes] == ["refused", "refused"]
     assert {e["error"] for e in _probes(tmp_path / "b2", healthy[0]).values()} == {"auth"}
 
 
-def test_collection_through_a_jump_host(faulty, tmp_path: Path) -> None:
+@pytest.mark.parametrize("client", CLIENTS)
+def test_collection_through_a_jump_host(faulty, client: str, tmp_path: Path) -> None:
     healthy = [n for n in faulty.nodes if n not in faulty.faults]
     jump, targets = healthy[0], healthy[1:3]
     spec = f'jump_host = "{faulty.user}@{faulty.addresses[jump]}:{faulty.port}"\n'
-    path = _inventory(faulty, "jump.toml", **{"[hosts]": "[hosts]", "fanout = 128\n": "fanout = 128\n" + spec})
+    path = _inventory(faulty, f"jump-{client}.toml", client=client,
+                      **{"[hosts]": "[hosts]", "fanout = 128\n": "fanout = 128\n" + spec})
     result = collect(load_inventory(path), faulty.job, tmp_path / "b", nodes=targets)
     assert [r.outcome for r in result.nodes] == ["ok", "ok"]
     assert (tmp_path / "b" / "nodes" / targets[0] / "nvidia-smi-q.txt").is_file()
     refused = _node(faulty, "refuse")
-    bad = _inventory(faulty, "badjump.toml", **{"fanout = 128\n": "fanout = 128\n" + spec.replace(
+    bad = _inventory(faulty, f"badjump-{client}.toml", client=client, **{"fanout = 128\n": "fanout = 128\n" + spec.replace(
         faulty.addresses[jump], faulty.addresses[refused])})
     result = collect(load_inventory(bad), faulty.job, tmp_path / "c", nodes=targets)
     assert [r.outcome for r in result.nodes] == ["unreachable", "unreachable"]

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from spikeops.bundle import BundleWriter, atomic_write
+from spikeops.collect import openssh
 from spikeops.collect.plan import PlannedProbe, check_job_id, plan_interfaces, plan_probes
 from spikeops.collect.runner import ProbeRun, run_probes
 from spikeops.collect.single import SINGLE_GRACE, run_single
@@ -70,6 +71,8 @@ class NodeResult:
     address: str | None = None
     #: "single", "per-probe", or "per-probe (fallback: why)"; None when never connected.
     sessions: str | None = None
+    #: The SSH client: "paramiko", or "openssh" (``[ssh] client``).
+    client: str | None = None
 
     def problems(self) -> list[str]:
         """One phrase per probe that did not simply succeed."""
@@ -92,7 +95,7 @@ class NodeResult:
     def to_json(self) -> dict[str, Any]:
         return {
             "node": self.node, "address": self.address, "outcome": self.outcome, "detail": self.detail,
-            "seconds": round(self.seconds, 3), "sessions": self.sessions,
+            "seconds": round(self.seconds, 3), "sessions": self.sessions, "client": self.client,
             "probes": {run.name: {"exit": run.exit, "error": run.error, "seconds": run.seconds,
                                   "bytes": run.stdout_bytes} for run in self.probes},
         }
@@ -173,22 +176,68 @@ def _plan_order(runs: list[ProbeRun], probes: list[PlannedProbe]) -> list[ProbeR
     return sorted(runs, key=lambda run: (rank.get(run.name, len(rank)), "" if run.name in rank else run.name))
 
 
-def _run_node(inventory: Inventory, transport: Any, probes: list[PlannedProbe],
-              open_sink: Callable[[PlannedProbe], Any], deadline: float) -> tuple[list[ProbeRun], str, str | None]:
-    """The probes' runs, the session mode used, and why the connection was lost (if it was)."""
+def _common(inventory: Inventory, deadline: float) -> dict[str, Any]:
     ssh = inventory.ssh
-    common: dict[str, Any] = dict(sessions=ssh.sessions_per_node,
-                                  expand_interfaces=lambda names: plan_interfaces(inventory, names),
-                                  channel_timeout=ssh.connect_timeout, node_deadline=deadline)
-    mode = ssh.sessions
-    if mode == "single":
-        single = run_single(transport, probes, open_sink,
-                            spool=[ssh.spool_dir] if ssh.spool_dir else None, **common)
-        if single.fallback is None:
-            return single.runs, mode, single.lost
-        mode = f"per-probe (fallback: {single.fallback})"
-    runs = run_probes(transport, probes, open_sink, **common)
-    return runs, mode, None if transport.is_active() else "the SSH connection was lost"
+    return dict(sessions=ssh.sessions_per_node, expand_interfaces=lambda names: plan_interfaces(inventory, names),
+                node_deadline=deadline)
+
+
+def _per_probe(inventory: Inventory, transport: Any, probes: list[PlannedProbe],
+               open_sink: Callable[[PlannedProbe], Any], deadline: float) -> tuple[list[ProbeRun], str | None]:
+    runs = run_probes(transport, probes, open_sink, channel_timeout=inventory.ssh.connect_timeout,
+                      **_common(inventory, deadline))
+    return runs, None if transport.is_active() else "the SSH connection was lost"
+
+
+def _run_paramiko(inventory: Inventory, target: Target, probes: list[PlannedProbe],
+                  open_sink: Callable[[PlannedProbe], Any], deadline: float, connector: Connector,
+                  live: dict[str, Any], clear: Callable[[], None]) -> tuple[list[ProbeRun], str, str | None]:
+    """The probes' runs over paramiko, the session mode used, and why the connection was lost
+    (if it was); ConnectFailure when the node was not reached."""
+    ssh = inventory.ssh
+    client = connector.connect(target)
+    live[target.node] = client
+    try:
+        clear()
+        transport = client.get_transport()
+        mode = ssh.sessions
+        if mode == "single":
+            single = run_single(transport, probes, open_sink, spool=[ssh.spool_dir] if ssh.spool_dir else None,
+                                channel_timeout=ssh.connect_timeout, **_common(inventory, deadline))
+            if single.fallback is None:
+                return single.runs, mode, single.lost
+            mode = f"per-probe (fallback: {single.fallback})"
+        runs, lost = _per_probe(inventory, transport, probes, open_sink, deadline)
+        return runs, mode, lost
+    finally:
+        live.pop(target.node, None)
+        client.close()
+
+
+def _run_openssh(inventory: Inventory, target: Target, probes: list[PlannedProbe],
+                 open_sink: Callable[[PlannedProbe], Any], deadline: float, connector: Connector,
+                 live: dict[str, Any], clear: Callable[[], None]) -> tuple[list[ProbeRun], str, str | None]:
+    """The same through an OpenSSH client process; a node that cannot run the runner is
+    collected with a session per probe over paramiko."""
+    ssh = inventory.ssh
+    clear()
+    try:
+        single = openssh.run_node(target, probes, open_sink, connect_timeout=ssh.connect_timeout,
+                                  spool=[ssh.spool_dir] if ssh.spool_dir else None, config=ssh.config,
+                                  started=lambda conduit: live.__setitem__(target.node, conduit),
+                                  **_common(inventory, deadline))
+    finally:
+        live.pop(target.node, None)
+    if single.fallback is None:
+        return single.runs, "single", single.lost
+    client = connector.connect(target)
+    live[target.node] = client
+    try:
+        runs, lost = _per_probe(inventory, client.get_transport(), probes, open_sink, deadline)
+        return runs, f"per-probe (fallback: {single.fallback})", lost
+    finally:
+        live.pop(target.node, None)
+        client.close()
 
 
 def _collect_node(inventory: Inventory, job: str, target: Target, writer: BundleWriter,
@@ -196,38 +245,31 @@ def _collect_node(inventory: Inventory, job: str, target: Target, writer: Bundle
     t0 = time.monotonic()
     probes = plan_probes(inventory, job, target.node)
     expected = {probe.name: probe.command for probe in probes}
+    run = _run_openssh if inventory.ssh.client == "openssh" else _run_paramiko
     try:
-        client = connector.connect(target)
+        runs, mode, lost = run(
+            inventory, target, probes, lambda probe: writer.probe_sink(target.node, probe.filename, baseline=baseline),
+            t0 + _node_budget(inventory, probes), connector, live,
+            lambda: writer.clear_node(target.node, baseline=baseline))
     except ConnectFailure as failure:
         writer.write_unreachable(target.node, expected, round(time.monotonic() - t0, 3),
                                  error=failure.error, baseline=baseline)
         return NodeResult(target.node, failure.outcome, failure.detail, time.monotonic() - t0,
-                          address=target.hostname)
-    live[target.node] = client
-    try:
-        writer.clear_node(target.node, baseline=baseline)
-        runs, mode, lost = _run_node(
-            inventory, client.get_transport(), probes,
-            lambda probe: writer.probe_sink(target.node, probe.filename, baseline=baseline),
-            t0 + _node_budget(inventory, probes),
-        )
-    finally:
-        live.pop(target.node, None)
-        client.close()
+                          address=target.hostname, client=inventory.ssh.client)
     runs = _plan_order(runs, probes)
-    for run in runs:
-        _write_stderr(writer, target.node, run, baseline)
+    for run_ in runs:
+        _write_stderr(writer, target.node, run_, baseline)
     writer.write_probes_json(target.node, _statuses(runs), baseline=baseline)
-    timed_out = [run.name for run in runs if run.error == "timeout"]
+    timed_out = [run_.name for run_ in runs if run_.error == "timeout"]
     if lost is not None:
-        kept = sum(1 for run in runs if run.written)
+        kept = sum(1 for run_ in runs if run_.written)
         outcome, detail = "unreachable", f"{lost}: kept {kept} of {len(runs)} probe outputs"
     elif timed_out:
         outcome, detail = "timeout", f"timed out: {', '.join(timed_out)}"
     else:
         outcome, detail = "ok", None
     return NodeResult(target.node, outcome, detail, time.monotonic() - t0, runs, address=target.hostname,
-                      sessions=mode)
+                      sessions=mode, client=inventory.ssh.client)
 
 
 # ------------------------------------------------------------------------------- many nodes

@@ -14,6 +14,8 @@ host key, hang, flood, answer slowly, lack GPUs or InfiniBand, print binary outp
 child holding their output open (``linger``), or lose their SSH connection mid-run (``dies``).
 ``login=REAL_LOGIN`` makes each connection and each session cost what a real node's login
 does (``spikeops.sim.nodetools.LoginCost``); the default is this machine's bare sshd.
+``tools=REAL_TOOL_TIMES`` makes the fake tools take as long as real ones (``ToolTimes``);
+the default answers at once.
 
 Layout of D (all written by ``up``)::
 
@@ -63,7 +65,10 @@ from spikeops.sim.nodetools import (
     OVERRIDES,
     REAL_LOGIN,
     REAL_LOGIN_CPU,
+    NO_TOOL_TIMES,
+    REAL_TOOL_TIMES,
     LoginCost,
+    ToolTimes,
     write_override,
     write_tools,
 )
@@ -90,6 +95,8 @@ __all__ = [
     "ClusterError",
     "FAULTS",
     "LOGINS",
+    "TOOL_TIMES",
+    "NODE_MODELS",
     "REAL",
     "FORMAT",
     "up",
@@ -109,6 +116,15 @@ __all__ = [
 FAULTS = ("refuse", "silent", "hostkey", "hang", "flood", "slow", "nogpu", "noib", "binary", "linger", "dies")
 #: ``--login`` choices: what a login costs on the simulated nodes.
 LOGINS = {"cheap": CHEAP_LOGIN, "real": REAL_LOGIN, "real-cpu": REAL_LOGIN_CPU}
+#: ``--tool-times`` choices: how long the fake tools take.
+TOOL_TIMES = {"none": NO_TOOL_TIMES, "real": REAL_TOOL_TIMES}
+#: The node models the collection benchmark measures: (login cost, tool times) by name.
+NODE_MODELS: dict[str, tuple[LoginCost, ToolTimes]] = {
+    "cheap": (CHEAP_LOGIN, NO_TOOL_TIMES),
+    "real": (REAL_LOGIN, NO_TOOL_TIMES),
+    "real-cpu": (REAL_LOGIN_CPU, NO_TOOL_TIMES),
+    "real-tools": (REAL_LOGIN, REAL_TOOL_TIMES),
+}
 #: The scenario whose nodes answer with real tool output.
 REAL = "real"
 #: ``cluster.json``'s format tag.
@@ -408,13 +424,15 @@ def _start_servers(cluster: Cluster, sshd: str, timeout: float) -> tuple[dict[st
 
 def up(directory: str | Path, *, nodes: int = 8, scenario: str = "gpu_xid", seed: int = 0, port: int = 2222,
        first_address: str = "127.0.0.11", faults: Mapping[str, str] | None = None, distractors: bool = False,
-       fixtures: str | Path | None = None, ready_timeout: float = 30.0, login: LoginCost = CHEAP_LOGIN) -> Cluster:
+       fixtures: str | Path | None = None, ready_timeout: float = 30.0, login: LoginCost = CHEAP_LOGIN,
+       tools: ToolTimes = NO_TOOL_TIMES) -> Cluster:
     """Build the scenario, lay out the nodes, start the servers; return the running Cluster.
 
     ``faults`` maps a node name or ``#i`` (index into the scenario's node order) to a kind
     of ``FAULTS``; nodes the scenario made unreachable get ``refuse``. ``fixtures`` is the
     real-output directory for ``scenario="real"``; ``login`` what a login costs (default:
-    nothing beyond this machine's sshd). Waits at most ``ready_timeout`` seconds
+    nothing beyond this machine's sshd); ``tools`` how long the node tools take (default: no
+    time). Waits at most ``ready_timeout`` seconds
     for every address to listen. On any failure, what was started is stopped again.
     Sets the process umask to 022 while it writes (files must be readable by the login user).
     """
@@ -452,10 +470,10 @@ def up(directory: str | Path, *, nodes: int = 8, scenario: str = "gpu_xid", seed
         )
         extra: dict[str, Any] = {"scenario": scenario, "seed": seed, "first_address": first_address,
                                  "made_searchable": searchable, "pids": {},
-                                 "login": _login_record(login)}
+                                 "login": _login_record(login), "tools": _tools_record(tools)}
         _save(cluster, extra)  # before any process starts: down finds a half-started cluster
         _write_nodes(cluster, sources)
-        write_tools(root, login)
+        write_tools(root, login, tools)
         _write_keys(cluster)
         _write_ssh_config(cluster)
         _write_inventory(cluster, int(incident["job"].get("gpus_per_node") or 8))
@@ -487,24 +505,31 @@ def scratch(prefix: str = "spikeops-cluster-") -> Iterator[Path]:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def set_login(directory: str | Path, login: LoginCost) -> None:
-    """Change what a login costs on a cluster (running or not): the next sessions pay it.
-    The benchmark measures both node models on one cluster instead of building two."""
+def set_login(directory: str | Path, login: LoginCost, tools: ToolTimes = NO_TOOL_TIMES) -> None:
+    """Change what a login costs and how long the tools take on a cluster (running or not):
+    the next sessions pay it. The benchmark measures every node model on one cluster instead
+    of building one per model."""
     root = Path(directory).resolve()
     load(root)  # a clear ClusterError when D holds no cluster
     umask = os.umask(0o022)
     try:
-        write_tools(root, login)
+        write_tools(root, login, tools)
     finally:
         os.umask(umask)
     document = json.loads((root / "cluster.json").read_text(encoding="utf-8"))
     document["login"] = _login_record(login)
+    document["tools"] = _tools_record(tools)
     document.pop("format", None)
     localcluster.save(root, FORMAT, document)
 
 
 def _login_record(login: LoginCost) -> dict[str, Any]:
     return {"connection_ms": login.connection_ms, "session_ms": login.session_ms, "session_cpu": login.session_cpu}
+
+
+def _tools_record(tools: ToolTimes) -> dict[str, Any]:
+    return {"nvidia_smi_ms": tools.nvidia_smi_ms, "ethtool_ms": tools.ethtool_ms, "ibstat_ms": tools.ibstat_ms,
+            "kernel_ms": tools.kernel_ms}
 
 
 def _invoking_user() -> str:
@@ -590,6 +615,11 @@ def _parser() -> argparse.ArgumentParser:
                             f"default), 'real' ({REAL_LOGIN.connection_ms} ms of waiting per connection for the PAM "
                             f"session stack, {REAL_LOGIN.session_ms} ms per session for the login shell's profile) "
                             "or 'real-cpu' (the same, the session's part as CPU)")
+    start.add_argument("--tool-times", choices=tuple(TOOL_TIMES), default="none",
+                       help="how long the fake tools take: 'none' (they answer at once, the default) or 'real' "
+                            f"(nvidia-smi -q {REAL_TOOL_TIMES.nvidia_smi_ms} ms, ethtool -S "
+                            f"{REAL_TOOL_TIMES.ethtool_ms} ms an interface, ibstat {REAL_TOOL_TIMES.ibstat_ms} ms, "
+                            "spent waiting as real tools do)")
     stop = sub.add_parser("down", help="stop every process of the cluster (idempotent)")
     stop.add_argument("--dir", required=True, type=Path)
     show = sub.add_parser("status", help="what is running; exit 0 when every node listens, 1 otherwise")
@@ -631,7 +661,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "spikeops.sim.cluster", args,
         start=lambda: up(args.dir, nodes=args.nodes, scenario=args.scenario, seed=args.seed, port=args.port,
                          first_address=args.first_address, faults=dict(args.fault), distractors=args.distractors,
-                         fixtures=args.fixtures, login=LOGINS[args.login]),
+                         fixtures=args.fixtures, login=LOGINS[args.login], tools=TOOL_TIMES[args.tool_times]),
         down=down, status=status, show_up=_print_up, show_status=_print_status)
 
 

@@ -20,6 +20,11 @@ shell reads no profile. ``LoginCost`` puts the real cost back, as waiting (see
 pam_systemd, pam_slurm_adopt, pam_namespace run once per connection, after authentication)
 and ``session_ms`` once per session (sshd forks and the login shell starts and reads
 ``~/.bashrc``, which on RHEL-like nodes sources ``/etc/profile.d``: Lmod and the like).
+
+The fake tools answer at once, where the real ones wait on a driver or on firmware:
+``nvidia-smi -q`` on an 8-GPU node takes about a second, ``ethtool -S`` and ``ibstat`` tens of
+milliseconds. ``ToolTimes`` puts that back, as waiting (a ``sleep`` before the answer);
+``NO_TOOL_TIMES`` (the default) leaves the tools instant.
 """
 
 from __future__ import annotations
@@ -28,8 +33,9 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["TOOLS", "OVERRIDES", "BINARY_OUTPUT", "LoginCost", "CHEAP_LOGIN", "REAL_LOGIN", "REAL_LOGIN_CPU", "write_tools", "write_override",
-           "login_cost_block", "NOT_FOUND_EXIT"]
+__all__ = ["TOOLS", "OVERRIDES", "BINARY_OUTPUT", "LoginCost", "CHEAP_LOGIN", "REAL_LOGIN", "REAL_LOGIN_CPU",
+           "ToolTimes", "NO_TOOL_TIMES", "REAL_TOOL_TIMES", "write_tools", "write_override", "login_cost_block",
+           "NOT_FOUND_EXIT"]
 
 NOT_FOUND_EXIT = 127
 
@@ -73,6 +79,7 @@ for a in "$@"; do
     esac
 done
 if [ -n "$q" ]; then
+    @DELAY_NVIDIA_SMI@
     if [ -n "$x" ]; then f=$d/nvidia-smi-q.xml; else f=$d/nvidia-smi-q.txt; fi
     if [ -f "$f" ]; then exec cat "$f"; fi
     echo "nvidia-smi: this simulated node has no ${f##*/}" >&2
@@ -85,6 +92,7 @@ exit 0
 _KERNEL = """#!/bin/sh
 # spikeops sim: dmesg / journalctl. Any arguments print the node's kernel.log.
 [ -f "$SPIKEOPS_SIM_NODE/kernel.log" ] || { @MISSING@; }
+@DELAY_KERNEL@
 exec cat "$SPIKEOPS_SIM_NODE/kernel.log"
 """
 
@@ -96,6 +104,7 @@ for f in "$d"/ethtool-*.txt; do [ -f "$f" ] && have=1; break; done
 [ -n "$have" ] || { @MISSING@; }
 case $1 in
     -S|--statistics)
+        @DELAY_ETHTOOL@
         case $2 in
             ""|*/*) ;;
             *) [ -f "$d/ethtool-$2.txt" ] && exec cat "$d/ethtool-$2.txt" ;;
@@ -113,6 +122,7 @@ exit 1
 _IBSTAT = """#!/bin/sh
 # spikeops sim: ibstat prints the node's ibstat.txt.
 [ -f "$SPIKEOPS_SIM_NODE/ibstat.txt" ] || { @MISSING@; }
+@DELAY_IBSTAT@
 exec cat "$SPIKEOPS_SIM_NODE/ibstat.txt"
 """
 
@@ -177,6 +187,34 @@ REAL_LOGIN = LoginCost(connection_ms=50, session_ms=40)
 #: cores, so this charges each session's cost to every other node too: an upper bound).
 REAL_LOGIN_CPU = LoginCost(connection_ms=50, session_ms=40, session_cpu=True)
 
+@dataclass(frozen=True)
+class ToolTimes:
+    """How long a node's tools take to answer, in milliseconds of waiting (a real tool waits
+    on the driver, the firmware or the kernel, and spends little CPU): ``nvidia-smi -q``,
+    ``ethtool -S`` (each interface), ``ibstat``, and the kernel log (``dmesg``/``journalctl``)."""
+
+    nvidia_smi_ms: int = 0
+    ethtool_ms: int = 0
+    ibstat_ms: int = 0
+    kernel_ms: int = 0
+
+    @property
+    def free(self) -> bool:
+        return max(self.nvidia_smi_ms, self.ethtool_ms, self.ibstat_ms, self.kernel_ms) <= 0
+
+
+#: The sim as it is: every tool answers at once.
+NO_TOOL_TIMES = ToolTimes()
+#: An 8-GPU node's tools (the README, "What the tools take"): nvidia-smi -q about a second,
+#: ethtool -S and ibstat tens of milliseconds. The kernel log is CPU work (reading and
+#: formatting the ring buffer), which the sim's ``cat`` already does: no waiting added.
+REAL_TOOL_TIMES = ToolTimes(nvidia_smi_ms=1000, ethtool_ms=30, ibstat_ms=20)
+
+
+def _delay(ms: int) -> str:
+    return f"sleep {ms / 1000:.3f}" if ms > 0 else ":"
+
+
 _LOGIN_BLOCK = """# What a real node's login costs beyond this bare sshd (spikeops.sim.nodetools.LoginCost),
 # as waiting: on a cluster that work runs on each node's own cores, here two cores serve all.
 # Once per connection (the first session of the connection's sshd process pays it, marked by
@@ -230,17 +268,22 @@ def _write_script(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def _fill(template: str, root: Path) -> str:
-    return template.replace("@MISSING@", _MISSING).replace("@ROOT@", str(root))
+def _fill(template: str, root: Path, tools: ToolTimes = NO_TOOL_TIMES) -> str:
+    return (template.replace("@MISSING@", _MISSING).replace("@ROOT@", str(root))
+            .replace("@DELAY_NVIDIA_SMI@", _delay(tools.nvidia_smi_ms))
+            .replace("@DELAY_ETHTOOL@", _delay(tools.ethtool_ms))
+            .replace("@DELAY_IBSTAT@", _delay(tools.ibstat_ms))
+            .replace("@DELAY_KERNEL@", _delay(tools.kernel_ms)))
 
 
-def write_tools(root: Path, login: LoginCost = CHEAP_LOGIN) -> Path:
-    """Write ``root/bin/node-shell`` and the fake tools; return the node-shell path. With a
-    login cost, ``root/run/conn`` (world-writable, sticky) holds the per-connection marks."""
+def write_tools(root: Path, login: LoginCost = CHEAP_LOGIN, tools: ToolTimes = NO_TOOL_TIMES) -> Path:
+    """Write ``root/bin/node-shell`` and the fake tools (taking ``tools``' times); return the
+    node-shell path. With a login cost, ``root/run/conn`` (world-writable, sticky) holds the
+    per-connection marks."""
     folder = root / "bin"
     folder.mkdir(parents=True, exist_ok=True)
     for name, template in TOOLS.items():
-        _write_script(folder / name, _fill(template, root))
+        _write_script(folder / name, _fill(template, root, tools))
     shell = folder / "node-shell"
     _write_script(shell, _fill(_NODE_SHELL.replace("@LOGIN@", login_cost_block(login).rstrip("\n")), root))
     if not login.free:
