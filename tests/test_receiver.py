@@ -248,6 +248,20 @@ def test_resolved_alerts_start_nothing_and_distinct_jobs_start_their_own() -> No
     assert [e.status for e in events] == ["firing", "firing"] + ["resolved"] * 6
 
 
+def test_the_same_job_on_two_clusters_is_two_incidents() -> None:
+    """A job id is unique only within its cluster: the same alert from another cluster is not a
+    copy, and is not answered with the first cluster's run (nor by the fast path)."""
+    client, runs, _ = _client()
+    headers = {"Authorization": "Bearer s3cret"}
+    sim = client.post("/alerts/alertmanager", json=ALERTMANAGER, headers=headers).json()["accepted"][0]
+    prod = client.post("/alerts/alertmanager", json={**ALERTMANAGER, "commonLabels": {"cluster": "prod"}},
+                       headers=headers).json()["accepted"][0]
+    assert sim["start"] == prod["start"] == "started" and sim["flow_run"] != prod["flow_run"] and len(runs) == 2
+    again = client.post("/alerts/alertmanager", json={**ALERTMANAGER, "commonLabels": {"cluster": "prod"}},
+                        headers=headers).json()["accepted"][0]
+    assert again == {**prod, "start": "remembered"}
+
+
 def test_copies_take_the_fast_path_and_it_still_checks_auth(monkeypatch: pytest.MonkeyPatch) -> None:
     """A copy of a body already parsed is answered without parsing it again, but never
     without checking its credentials; anything else takes the full path."""
