@@ -33,6 +33,8 @@ Servers (rows):
 - floor, no-op ASGI app under uvicorn's own httptools protocol: what uvicorn's ASGI costs;
 - the receiver, a fresh alert (the first copy starts the flow, the others arrive while it is in
   flight), the same alert again (every copy remembered), and remembered on new connections;
+- `spikeops serve` itself, where the receiver shares its process with Prefect's runner (the
+  flow run of the first copy has ended before the storm; the CPU is the whole process's);
 - the receiver under uvicorn's own protocol (`--http httptools`, no front: the raw ASGI fast path
   in front of FastAPI answers the copies);
 - the baseline, the receiver before issue 19 (`coalesce=False`: every copy asks Prefect, which
@@ -290,6 +292,21 @@ def _post(port: int, alert: dict[str, Any]) -> Any:
         return json.loads(answer.read())
 
 
+def _nothing() -> dict[str, int]:
+    """A floor's counters: it calls nothing."""
+    return {"starter_calls": 0, "api_requests": 0, "events": 0, "flow_runs": 0}
+
+
+def _wait_ended(api: str, run: str, seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        state = (_get(f"{api}/flow_runs/{run}").get("state") or {}).get("type")
+        if state in ("COMPLETED", "FAILED", "CRASHED", "CANCELLED"):
+            return
+        time.sleep(1)
+    print(f"flow run {run} still not ended after {seconds:.0f} s; storming anyway", file=sys.stderr)
+
+
 def _flow_runs(api: str) -> int:
     request = urllib.request.Request(f"{api}/flow_runs/count", data=b"{}", method="POST",
                                      headers={"Content-Type": "application/json"})
@@ -338,8 +355,8 @@ class Bench:
             time.sleep(1.0)  # let late answers' Prefect calls land before counting
             after = counts()
         row.update(case=case, client=client, load=at_load,
-                   **{key: after.get(key, 0) - before.get(key, 0) for key in ("starter_calls", "api_requests", "events",
-                                                                              "flow_runs")})
+                   **{key: after[key] - before[key] if key in after else None
+                      for key in ("starter_calls", "api_requests", "events", "flow_runs")})
         self.rows.append(row)
         print(_line(row), flush=True)
 
@@ -350,7 +367,11 @@ class Bench:
         config = work / "spikeops.toml"
         config.write_text(f'[incidents]\ndir = "{work}/incidents"\n'
                           f'[clusters.sim]\ninventory = "{work}/inventory.toml"\nrun_dir = "{work}/run"\n'
-                          'scheduler = "local"\n')
+                          f'scheduler = "local"\nscheduler_state_dir = "{work}/sched"\n')
+        # what spikeops serve checks before it starts; the flow run itself fails at its preflight
+        (work / "inventory.toml").write_text('[cluster]\nname = "sim"\nnodes = "node-1"\n[hosts]\n"node-1" = "127.0.0.1"\n')
+        for folder in ("incidents", "run", "sched"):
+            (work / folder).mkdir()
         env = prefect_env(work, api)
         server = subprocess.Popen([str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port",
                                    str(prefect_port)], env=env, stdout=self.logs, stderr=subprocess.STDOUT,
@@ -358,30 +379,39 @@ class Bench:
         storms = [c for c in self.clients if c in ("c", "python")]
         try:
             _wait_http(f"{api}/health", 120, server)
-            for kind, name in (("raw", "floor: raw protocol (httptools, uvloop), no ASGI"),
-                               ("asgi", "floor: no-op ASGI app, uvicorn's own protocol")):
+            floors = {"raw": "floor: raw protocol (httptools, uvloop), no ASGI",
+                      "asgi": "floor: no-op ASGI app, uvicorn's own protocol"}
+            for kind, name in floors.items():
+                if kind not in args.floors.split(","):
+                    continue
                 port = _free()
                 floor = self.start([sys.executable, __file__, "--floor", kind, str(port)], env, port)
                 try:
                     for attempt in range(args.repeat):
                         for client in storms + (["wrk"] if "wrk" in self.clients and attempt == 0 else []):
-                            self.one(name, client, port, floor.pid, _alert("floor"), args.copies)
+                            self.one(name, client, port, floor.pid, _alert("floor"), args.copies, _nothing)
                 finally:
                     _stop(floor)
-            for variant in ("front", "plain", "baseline"):
+            for variant in args.variants.split(","):
                 port = _free()
-                extra = {"front": [], "plain": ["--http", "httptools"], "baseline": ["--no-coalesce"]}[variant]
-                child = self.start([sys.executable, "-m", "tests.receiver_process", str(port), str(config),
-                                    "--no-record", *extra], env, port)
+                if variant == "serve":
+                    child = self.start([str(BIN / "spikeops"), "serve", "--config", str(config), "--addr",
+                                        f"127.0.0.1:{port}"], env, port)
+                else:
+                    extra = {"front": [], "plain": ["--http", "httptools"], "baseline": ["--no-coalesce"]}[variant]
+                    child = self.start([sys.executable, "-m", "tests.receiver_process", str(port), str(config),
+                                        "--no-record", *extra], env, port)
 
-                def counts(port: int = port) -> dict[str, int]:
+                def counts(port: int = port, variant: str = variant) -> dict[str, int]:
+                    if variant == "serve":  # no counters in the real thing: the runs it created
+                        return {"flow_runs": _flow_runs(api)}
                     record = _get(f"http://127.0.0.1:{port}/test/record")
                     return {"starter_calls": record["starter_calls"], "api_requests": record["api_requests"],
                             "events": record["events"], "flow_runs": _flow_runs(api)}
 
                 try:
                     for attempt in range(args.repeat):
-                        self.variant(variant, port, child.pid, counts, storms, attempt)
+                        self.variant(variant, port, child.pid, counts, storms, attempt, api)
                 finally:
                     _stop(child)
         finally:
@@ -389,8 +419,20 @@ class Bench:
             self.logs.close()
 
     def variant(self, variant: str, port: int, pid: int, counts: Callable[[], dict[str, int]],
-                storms: list[str], attempt: int) -> None:
+                storms: list[str], attempt: int, api: str) -> None:
         args = self.args
+        if variant == "serve":
+            # spikeops serve: the receiver shares its process with the runner, which runs the flow
+            # the first copy starts (here it fails at its preflight: no inventory). Once that run
+            # has ended, the storm of copies: what a storm costs while the runner only polls.
+            self.tag += 1
+            alert = _alert(f"serve-{self.tag}")
+            run = _post(port, alert)["accepted"][0]["flow_run"]
+            _wait_ended(api, run, 180)
+            for client in storms:
+                self.one("spikeops serve (the runner in the same process): the same alert again", client, port, pid,
+                         alert, args.copies, counts)
+            return
         if variant == "baseline":
             self.tag += 1
             self.one("baseline: the receiver before issue 19, every copy asks Prefect", storms[0], port, pid,
@@ -423,7 +465,12 @@ def _line(row: dict[str, Any]) -> str:
     rate = f" ({row['rps']:.0f}/s)" if "rps" in row else ""
     return (f"| {row['case']} | {row['client']} | {row['load']:.1f} | {row['copies']}{rate} | {row['accepted']} | "
             f"{row['unanswered']} | {_ms(row['p50'])} | {_ms(row['p99'])} | {_ms(row['max'])} | {row['cpu_us']:.0f} | "
-            f"{row['starter_calls']} ({row['api_requests']}) | {row['events']} | {row['flow_runs']} | {hows} |")
+            f"{_n(row['starter_calls'])} ({_n(row['api_requests'])}) | {_n(row['events'])} | {_n(row['flow_runs'])} | "
+            f"{hows} |")
+
+
+def _n(value: int | None) -> str:
+    return "—" if value is None else str(value)
 
 
 def main() -> int:
@@ -434,6 +481,10 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=3, help="storms of each kind and client (default 3)")
     parser.add_argument("--clients", default="c,c-new,python,wrk",
                         help="of c, c-new, python, wrk (default all): see the module docstring")
+    parser.add_argument("--variants", default="front,serve,plain,baseline",
+                        help="receivers to storm, of front (the receiver), serve (spikeops serve itself), plain "
+                             "(no front), baseline (before issue 19); default all")
+    parser.add_argument("--floors", default="raw,asgi", help="floors to storm, of raw, asgi (default both; '' none)")
     parser.add_argument("--wrk-seconds", type=int, default=10, help="length of a sustained wrk run (default 10)")
     parser.add_argument("--max-load", type=float, default=4.0,
                         help="wait before each storm until the 1-minute load average is under this (default 4)")
