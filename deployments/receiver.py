@@ -33,7 +33,7 @@ itself:
 Only a request that starts the flow, or a resolved alert, is emitted as a Prefect event.
 
 A copy of a body already parsed is answered without parsing it again (``_FastPath``: its
-credentials, a digest lookup, an answer rendered once), in raw ASGI in front of FastAPI, and in
+credentials, a lookup of the body, an answer rendered once), in raw ASGI in front of FastAPI, and in
 ``spikeops serve`` before uvicorn ever sees it (``deployments.receiver_http``).
 """
 
@@ -273,7 +273,7 @@ class _Known:
 class _FastPath:
     """A copy of a body the receiver has already parsed, all of whose firing alerts are
     remembered or in flight, is answered here: its credentials checked as the full path checks
-    them, then a dict lookup of the body's digest and of its keys, and an answer rendered once
+    them, then a dict lookup of the body and of its keys, and an answer rendered once
     for all its copies. No routing, no request object, no JSON parsing or rendering. That is
     what a storm is made of; everything else (a new key, a resolved alert, bad input, bad
     credentials) goes on to the full path with the body replayed.
@@ -285,14 +285,13 @@ class _FastPath:
 
     def __init__(self, config: ReceiverConfig, flight: SingleFlight, size: int = 1024) -> None:
         self.config, self.flight, self.size = config, flight, size
-        self.parsed: OrderedDict[tuple[str, bytes], _Known] = OrderedDict()
+        self.parsed: OrderedDict[tuple[str, bytes | tuple[int, bytes]], _Known] = OrderedDict()
         self.lock = threading.Lock()
 
     def learn(self, source: str, body: bytes, firing: list[tuple[Alert, str]]) -> None:
         """The full path's parse of a body of firing alerts only (with their keys)."""
-        digest = hashlib.blake2b(body, digest_size=16).digest()
         with self.lock:
-            self.parsed[(source, digest)] = _Known(firing, [key for _, key in firing])
+            self.parsed[(source, _body_key(body))] = _Known(firing, [key for _, key in firing])
             while len(self.parsed) > self.size:
                 self.parsed.popitem(last=False)
 
@@ -311,7 +310,7 @@ class _FastPath:
             if not _authorised(config, given, body):
                 return None  # the full path answers 401
         with self.lock:
-            known = self.parsed.get((source, hashlib.blake2b(body, digest_size=16).digest()))
+            known = self.parsed.get((source, _body_key(body)))
         if known is None:
             return None
         found = self.flight.peek_all(known.keys)
@@ -337,6 +336,17 @@ class _FastPath:
         await send({"type": "http.response.start", "status": 202, "headers": rendered.headers})
         await send({"type": "http.response.body", "body": rendered.payload})
         return None
+
+
+#: bodies up to this size are their own key in the fast path's table (a dict hashes them faster
+#: than any digest); larger ones are keyed by their SHA-256, so the table stays small
+_KEYED_AS_IS = 16 * 1024
+
+
+def _body_key(body: bytes) -> bytes | tuple[int, bytes]:
+    """A body's key in the fast path's table: the body, or its length and SHA-256 (a tuple,
+    never equal to a body kept whole)."""
+    return body if len(body) <= _KEYED_AS_IS else (len(body), hashlib.sha256(body).digest())
 
 
 def _replay(body: bytes | None, receive: Any, pending: Any = None, more: bool = False) -> Any:
