@@ -14,8 +14,9 @@ APT_PACKAGES := openssh-server openssh-client munge slurmctld slurmd slurm-clien
 # The demo's nodes are real sshd servers (Slurm is used when installed, never installed for it).
 DEMO_APT_PACKAGES := openssh-server
 # ... and the benchmarks' baselines (pdsh; clush comes with ClusterShell from PyPI; GNU time for
-# peak memory), and the monitoring chain of bench_monitoring.py.
-BENCH_APT_PACKAGES := openssh-server pdsh time prometheus prometheus-alertmanager
+# peak memory), the monitoring chain of bench_monitoring.py, and bench_receiver.py's clients
+# (wrk; gcc builds bench/storm.c).
+BENCH_APT_PACKAGES := openssh-server pdsh time prometheus prometheus-alertmanager wrk gcc libc6-dev
 
 .PHONY: demo test venv apt bench example clean help
 

@@ -31,6 +31,10 @@ itself:
 - a start that fails is not remembered: its own request gets the 503 (Alertmanager retries it)
   and the next copy of the key tries again.
 Only a request that starts the flow, or a resolved alert, is emitted as a Prefect event.
+
+A copy of a body already parsed is answered without parsing it again (``_FastPath``: its
+credentials, a lookup of the body, an answer rendered once), in raw ASGI in front of FastAPI, and in
+``spikeops serve`` before uvicorn ever sees it (``deployments.receiver_http``).
 """
 
 from __future__ import annotations
@@ -47,7 +51,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 # Module level, not inside create_app: FastAPI resolves the handlers' (string) annotations
 # in this module's globals, and an unresolved ``Request`` silently becomes a query parameter.
@@ -217,72 +221,150 @@ class _ReceiverApp(FastAPI):
     fast_path: _FastPath | None = None
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if self.fast_path is not None and scope["type"] == "http" and scope["method"] == "POST" \
+        fast = self.fast_path
+        if fast is not None and scope["type"] == "http" and scope["method"] == "POST" \
                 and scope["path"].startswith("/alerts/"):
-            receive = await self.fast_path(scope, receive, send)
+            receive = await fast(scope, receive, send)
             if receive is None:
                 return
         await super().__call__(scope, receive, send)
 
 
+class _Rendered(NamedTuple):
+    """A fast answer, rendered once: for ASGI (headers, payload) and as raw HTTP (``tail``: its
+    own header lines, the blank line and the payload, after the status line and the server's
+    default headers)."""
+
+    headers: list[tuple[bytes, bytes]]
+    payload: bytes
+    tail: bytes
+
+
+#: the states of one body's keys whose answers are kept rendered (in practice two: all in
+#: flight, then all remembered)
+_RENDERED_STATES = 4
+
+
+@dataclass
+class _Known:
+    """A body the full path has parsed: its firing alerts with their keys, and its answers
+    rendered once per state of those keys (``(how, run id)`` each)."""
+
+    firing: list[tuple[Alert, str]]
+    keys: list[str]
+    rendered: dict[tuple[tuple[str, str | None], ...], _Rendered] = field(default_factory=dict)
+
+    def answer(self, found: list[tuple[str, str | None]]) -> _Rendered:
+        state = tuple(found)
+        hit = self.rendered.get(state)
+        if hit is None:
+            payload = json.dumps({"accepted": [
+                {"job": alert.job, "status": "firing", "flow_run": run, "idempotency_key": key, "start": how}
+                for (alert, key), (how, run) in zip(self.firing, found, strict=True)]}).encode()
+            length = str(len(payload)).encode()
+            hit = _Rendered([(b"content-type", b"application/json"), (b"content-length", length)], payload,
+                            b"content-type: application/json\r\ncontent-length: " + length + b"\r\n\r\n" + payload)
+            if len(self.rendered) >= _RENDERED_STATES:
+                self.rendered.clear()
+            self.rendered[state] = hit
+        return hit
+
+
 class _FastPath:
     """A copy of a body the receiver has already parsed, all of whose firing alerts are
-    remembered or in flight, is answered here, in raw ASGI: no routing, no request object, no
-    JSON parsing. That is what a storm is made of, and it is several times cheaper than the
-    full path (which answers everything else: a new key, a resolved alert, bad input)."""
+    remembered or in flight, is answered here: its credentials checked as the full path checks
+    them, then a dict lookup of the body and of its keys, and an answer rendered once
+    for all its copies. No routing, no request object, no JSON parsing or rendering. That is
+    what a storm is made of; everything else (a new key, a resolved alert, bad input, bad
+    credentials) goes on to the full path with the body replayed.
+
+    Two layers use it: this raw ASGI layer in front of FastAPI (under any ASGI server, and for
+    a connection uvicorn's own protocol serves), and, in ``spikeops serve``, the HTTP protocol in
+    front of uvicorn's (``deployments.receiver_http``), which answers a copy before uvicorn ever
+    sees it."""
 
     def __init__(self, config: ReceiverConfig, flight: SingleFlight, size: int = 1024) -> None:
         self.config, self.flight, self.size = config, flight, size
-        self.parsed: OrderedDict[tuple[str, bytes], list[tuple[Alert, str]]] = OrderedDict()
+        self.parsed: OrderedDict[tuple[str, bytes | tuple[int, bytes]], _Known] = OrderedDict()
         self.lock = threading.Lock()
 
     def learn(self, source: str, body: bytes, firing: list[tuple[Alert, str]]) -> None:
         """The full path's parse of a body of firing alerts only (with their keys)."""
-        digest = hashlib.blake2b(body, digest_size=16).digest()
         with self.lock:
-            self.parsed[(source, digest)] = firing
+            self.parsed[(source, _body_key(body))] = _Known(firing, [key for _, key in firing])
             while len(self.parsed) > self.size:
                 self.parsed.popitem(last=False)
 
+    def answer(self, path: str, body: bytes, headers: list[tuple[bytes, bytes]]) -> _Rendered | None:
+        """The 202 for a copy to ``path`` (``/alerts/SOURCE``) with ASGI ``headers``, or None:
+        the full path's to answer."""
+        source = path[8:]  # after "/alerts/"
+        if len(body) > MAX_BODY or source not in SOURCES:
+            return None
+        config = self.config
+        if config.authenticated:  # first, so that the answer's speed tells a stranger nothing
+            given: dict[str, str] = {}
+            for name, value in headers:  # lowercase in ASGI; the first of each, as Starlette's
+                if name == b"authorization" or name == b"x-spikeops-signature":
+                    given.setdefault(name.decode("latin-1"), value.decode("latin-1"))
+            if not _authorised(config, given, body):
+                return None  # the full path answers 401
+        with self.lock:
+            known = self.parsed.get((source, _body_key(body)))
+        if known is None:
+            return None
+        found = self.flight.peek_all(known.keys)
+        return None if found is None else known.answer(found)
+
     async def __call__(self, scope: Any, receive: Any, send: Any) -> Any:
         """None when answered; else a ``receive`` that replays the body to the full path."""
-        chunks, more = [], True
-        while more:
-            message = await receive()
-            if message["type"] != "http.request":
-                return receive  # a disconnect: let the full path see it
-            chunks.append(message.get("body", b""))
-            more = message.get("more_body", False)
-        body = b"".join(chunks)
-
-        async def replay() -> dict[str, Any]:
-            nonlocal body
-            if body is None:
-                return await receive()
-            message, body = {"type": "http.request", "body": body, "more_body": False}, None
-            return message
-
-        source = scope["path"][len("/alerts/"):]
-        if len(body) > MAX_BODY or source not in SOURCES:
-            return replay
-        with self.lock:
-            firing = self.parsed.get((source, hashlib.blake2b(body, digest_size=16).digest()))
-        if firing is None:
-            return replay
-        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]  # lowercase in ASGI
-                   if k in (b"authorization", b"x-spikeops-signature")}
-        if not _authorised(self.config, headers, body):
-            return replay  # the full path answers 401
-        found = self.flight.peek_all([key for _, key in firing])
-        if found is None:
-            return replay
-        payload = json.dumps({"accepted": [
-            {"job": alert.job, "status": "firing", "flow_run": run, "idempotency_key": key, "start": how}
-            for (alert, key), (how, run) in zip(firing, found, strict=True)]}).encode()
-        await send({"type": "http.response.start", "status": 202, "headers": [
-            (b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]})
-        await send({"type": "http.response.body", "body": payload})
+        message = await receive()
+        if message["type"] != "http.request":
+            return _replay(None, receive, message)  # a disconnect: let the full path see it
+        body = message.get("body", b"")
+        if message.get("more_body", False):
+            chunks = [body]
+            while message.get("more_body", False):
+                message = await receive()
+                if message["type"] != "http.request":  # gone mid-body: the full path sees that
+                    return _replay(b"".join(chunks), receive, message, more=True)
+                chunks.append(message.get("body", b""))
+            body = b"".join(chunks)
+        rendered = self.answer(scope["path"], body, scope["headers"])
+        if rendered is None:
+            return _replay(body, receive)
+        await send({"type": "http.response.start", "status": 202, "headers": rendered.headers})
+        await send({"type": "http.response.body", "body": rendered.payload})
         return None
+
+
+#: bodies up to this size are their own key in the fast path's table (a dict hashes them faster
+#: than any digest); larger ones are keyed by their SHA-256, so the table stays small
+_KEYED_AS_IS = 16 * 1024
+
+
+def _body_key(body: bytes) -> bytes | tuple[int, bytes]:
+    """A body's key in the fast path's table: the body, or its length and SHA-256 (a tuple,
+    never equal to a body kept whole)."""
+    return body if len(body) <= _KEYED_AS_IS else (len(body), hashlib.sha256(body).digest())
+
+
+def _replay(body: bytes | None, receive: Any, pending: Any = None, more: bool = False) -> Any:
+    """A ``receive`` for the full path: the body already read (as one message; ``more`` when it
+    is not all of it), then a message already taken from the server (a disconnect), then the
+    server's own ``receive``."""
+    queue: list[Any] = []
+    if body is not None:
+        queue.append({"type": "http.request", "body": body, "more_body": more})
+    if pending is not None:
+        queue.append(pending)
+
+    async def replay() -> Any:
+        if queue:
+            return queue.pop(0)
+        return await receive()
+
+    return replay
 
 
 def create_app(starter: Starter, config: ReceiverConfig | None = None,

@@ -136,6 +136,7 @@ def serve(config: SpikeopsConfig, addr: str | None = None) -> None:
     from prefect import serve as prefect_serve
 
     from deployments.receiver import ReceiverConfig, check_bind, create_app
+    from deployments.receiver_http import freeze_heap, server_config
 
     host, _, port = (addr or config.receiver_addr).rpartition(":")
     receiver = ReceiverConfig.from_env()
@@ -154,6 +155,7 @@ def serve(config: SpikeopsConfig, addr: str | None = None) -> None:
     for deployment in deployments:
         deployment.apply()
     app = create_app(prefect_starter(config), receiver, emit=prefect_emitter())
-    server = uvicorn.Server(uvicorn.Config(app, host=host, port=int(port), log_level="warning"))
+    server = uvicorn.Server(server_config(app, host, int(port)))
+    freeze_heap()  # the heap of everything imported so far, out of a storm's collections
     threading.Thread(target=server.run, name="spikeops-receiver", daemon=True).start()
     prefect_serve(*deployments)

@@ -95,5 +95,11 @@ def parse_alerts(source: str, body: bytes, default_cluster: str | None = None) -
 
 
 def idempotency_key(alert: Alert) -> str:
-    """One incident per alert occurrence: its fingerprint and start, whatever the repeats."""
-    return "alert-" + hashlib.sha256(f"{alert.fingerprint}|{alert.starts_at}|{alert.job}".encode()).hexdigest()[:32]
+    """One incident per alert occurrence: its fingerprint and start, whatever the repeats. A
+    job id is unique only within its cluster, and a fingerprint need not name the cluster (the
+    watcher's does not), so the cluster is part of the key: job 4412 on two clusters is two
+    incidents, never one answered with the other's run."""
+    occurrence = f"{alert.fingerprint}|{alert.starts_at}|{alert.job}"
+    if alert.cluster:  # without one, the key is what it always was
+        occurrence += f"|{alert.cluster}"
+    return "alert-" + hashlib.sha256(occurrence.encode()).hexdigest()[:32]

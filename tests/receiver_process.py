@@ -57,11 +57,13 @@ def wait_for(what: str, check: Callable[[], Any], seconds: float, why: Callable[
     raise AssertionError(f"{what}: not within {seconds:.0f} s. {why()}")
 
 
-def serve(port: int, config_path: str, *, coalesce: bool = True, record_alerts: bool = True) -> None:
+def serve(port: int, config_path: str, *, coalesce: bool = True, record_alerts: bool = True,
+          http: str | None = None) -> None:
     import httpx
     import uvicorn
 
     from deployments.receiver import ReceiverConfig, create_app
+    from deployments.receiver_http import freeze_heap, server_config
     from deployments.serve import incident_deployment, prefect_emitter
     from spikeops.config import load_config
     from tasks.start import prefect_starter
@@ -117,8 +119,10 @@ def serve(port: int, config_path: str, *, coalesce: bool = True, record_alerts: 
         flight = app.state.flight.stats
         return {**record, "in_flight_answers": flight.in_flight, "remembered_answers": flight.remembered}
 
-    uvicorn.Server(uvicorn.Config(recording if record_alerts else app, host="127.0.0.1", port=port, log_level="warning", backlog=4096,
-                                  timeout_keep_alive=120)).run()
+    server = uvicorn.Server(server_config(recording if record_alerts else app, "127.0.0.1", port,
+                                          **({"http": http} if http else {})))
+    freeze_heap()  # as spikeops serve does
+    server.run()
 
 
 def main() -> int:
@@ -128,8 +132,10 @@ def main() -> int:
     parser.add_argument("--no-coalesce", action="store_true", help="every copy asks Prefect (the old receiver)")
     parser.add_argument("--no-record", action="store_true",
                         help="do not record each alert received (a benchmark's storm: that would be measured)")
+    parser.add_argument("--http", choices=["httptools"],
+                        help="uvicorn's own protocol, without the receiver's front (a benchmark's baseline)")
     args = parser.parse_args()
-    serve(args.port, args.config, coalesce=not args.no_coalesce, record_alerts=not args.no_record)
+    serve(args.port, args.config, coalesce=not args.no_coalesce, record_alerts=not args.no_record, http=args.http)
     return 0
 
 

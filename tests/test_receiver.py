@@ -248,6 +248,20 @@ def test_resolved_alerts_start_nothing_and_distinct_jobs_start_their_own() -> No
     assert [e.status for e in events] == ["firing", "firing"] + ["resolved"] * 6
 
 
+def test_the_same_job_on_two_clusters_is_two_incidents() -> None:
+    """A job id is unique only within its cluster: the same alert from another cluster is not a
+    copy, and is not answered with the first cluster's run (nor by the fast path)."""
+    client, runs, _ = _client()
+    headers = {"Authorization": "Bearer s3cret"}
+    sim = client.post("/alerts/alertmanager", json=ALERTMANAGER, headers=headers).json()["accepted"][0]
+    prod = client.post("/alerts/alertmanager", json={**ALERTMANAGER, "commonLabels": {"cluster": "prod"}},
+                       headers=headers).json()["accepted"][0]
+    assert sim["start"] == prod["start"] == "started" and sim["flow_run"] != prod["flow_run"] and len(runs) == 2
+    again = client.post("/alerts/alertmanager", json={**ALERTMANAGER, "commonLabels": {"cluster": "prod"}},
+                        headers=headers).json()["accepted"][0]
+    assert again == {**prod, "start": "remembered"}
+
+
 def test_copies_take_the_fast_path_and_it_still_checks_auth(monkeypatch: pytest.MonkeyPatch) -> None:
     """A copy of a body already parsed is answered without parsing it again, but never
     without checking its credentials; anything else takes the full path."""
@@ -273,3 +287,23 @@ def test_copies_take_the_fast_path_and_it_still_checks_auth(monkeypatch: pytest.
     other = {**ALERTMANAGER, "alerts": [{**ALERTMANAGER["alerts"][0], "fingerprint": "other"}]}
     assert client.post("/alerts/alertmanager", json=other, headers=good).json()["accepted"][0]["start"] == "started"
     assert len(runs) == 2
+
+
+def test_a_large_body_is_a_copy_too_and_a_changed_one_is_not(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Bodies over 16 KiB are known by their digest, not kept whole: still recognised, and a body
+    that differs by one byte is not taken for its copy."""
+    import deployments.receiver as receiver
+
+    client, runs, _ = _client()
+    good = {"Authorization": "Bearer s3cret"}
+    large = {**ALERTMANAGER, "alerts": [{**ALERTMANAGER["alerts"][0], "annotations": {"pad": "x" * 20_000}}]}
+    body = json.dumps(large).encode()
+    assert client.post("/alerts/alertmanager", content=body, headers=good).json()["accepted"][0]["start"] == "started"
+    parsed = []
+    monkeypatch.setattr(receiver, "parse_alerts", lambda *args: parsed.append(args) or parse_alerts(*args))
+    copy = client.post("/alerts/alertmanager", content=body, headers=good).json()["accepted"][0]
+    assert copy["start"] == "remembered" and parsed == []
+    changed = body.replace(b'"pad": "x', b'"pad": "y', 1)
+    assert client.post("/alerts/alertmanager", content=changed, headers=good).json()["accepted"][0]["start"] \
+        == "remembered" and len(parsed) == 1  # the same alert (same key), but parsed: not a known body
+    assert len(runs) == 1
