@@ -130,8 +130,6 @@ def serve(config: SpikeopsConfig, addr: str | None = None) -> None:
     """The receiver (uvicorn, in a thread) and the flow's deployment (``prefect.serve``)."""
     import os
 
-    # Pick up a new incident run within a second or two, not prefect's default 10 s.
-    os.environ.setdefault("PREFECT_RUNNER_POLL_FREQUENCY", "1")
     import uvicorn
     from prefect import serve as prefect_serve
 
@@ -158,4 +156,18 @@ def serve(config: SpikeopsConfig, addr: str | None = None) -> None:
     server = uvicorn.Server(server_config(app, host, int(port)))
     freeze_heap()  # the heap of everything imported so far, out of a storm's collections
     threading.Thread(target=server.run, name="spikeops-receiver", daemon=True).start()
-    prefect_serve(*deployments)
+    with runner_settings():
+        prefect_serve(*deployments)
+
+
+def runner_settings() -> Any:
+    """Pick up a new incident run within a second, not Prefect's default 10 s (an operator's
+    own ``PREFECT_RUNNER_POLL_FREQUENCY`` wins). A setting, not an environment variable: by the
+    time ``serve`` runs Prefect has read its environment, and a variable set then is ignored
+    (the runner polled every 10 s, 5 s on average of every alert's start)."""
+    import os
+
+    from prefect.settings import PREFECT_RUNNER_POLL_FREQUENCY, temporary_settings
+
+    return temporary_settings(updates={PREFECT_RUNNER_POLL_FREQUENCY: int(os.environ.get(
+        "PREFECT_RUNNER_POLL_FREQUENCY") or 1)})

@@ -130,3 +130,21 @@ def test_serve_says_in_one_line_when_the_prefect_api_is_unreachable(tmp_path: Pa
     assert served.returncode == 2, served.stderr
     assert "cannot reach the Prefect API at http://127.0.0.1:9/api" in served.stderr
     assert "Traceback" not in served.stderr and len(served.stderr.strip().splitlines()) == 1
+
+
+def test_the_served_runner_polls_every_second_although_prefect_is_already_imported(monkeypatch) -> None:
+    """spikeops serve imports Prefect before it starts the runner: an environment variable set
+    then is never read (the runner polled every 10 s), so the poll is a Prefect setting."""
+    import prefect  # noqa: F401 (imported first, as in `spikeops serve`)
+    from prefect.settings import get_current_settings
+
+    from deployments.serve import runner_settings
+
+    monkeypatch.delenv("PREFECT_RUNNER_POLL_FREQUENCY", raising=False)
+    default = get_current_settings().runner.poll_frequency
+    with runner_settings():
+        assert get_current_settings().runner.poll_frequency == 1
+    assert get_current_settings().runner.poll_frequency == default
+    monkeypatch.setenv("PREFECT_RUNNER_POLL_FREQUENCY", "3")  # an operator's own choice wins
+    with runner_settings():
+        assert get_current_settings().runner.poll_frequency == 3
