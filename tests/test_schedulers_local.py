@@ -87,6 +87,20 @@ def test_stop_and_resume_real_processes(tmp_path: Path) -> None:
     assert scheduler.show_job(new).state == "CANCELLED"
 
 
+def test_a_job_that_ignores_usr1_is_cancelled_after_its_grace_not_before(tmp_path: Path) -> None:
+    """USR1 reaches the job's whole process group: the job decides, not the scheduler's own
+    wrapper, so a job busy saving keeps its grace period and is then cancelled."""
+    scheduler = _scheduler(tmp_path, incident="inc-9")
+    script = "import signal,time\nsignal.signal(signal.SIGUSR1, signal.SIG_IGN)\ntime.sleep(60)\n"
+    job = scheduler.submit([sys.executable, "-c", script], ["gpu-001"])
+    time.sleep(1.0)  # the job has set its handler
+    started = time.monotonic()
+    stopped = scheduler.stop(job, signal="USR1", grace=2)
+    assert time.monotonic() - started >= 2
+    assert stopped.outcome == "done" and "ended by itself" not in stopped.detail
+    assert scheduler.show_job(job).state == "CANCELLED"
+
+
 def test_cli_local_scheduler_and_dry_run(tmp_path: Path) -> None:
     scheduler = _scheduler(tmp_path)
     base = ["--scheduler", "local", "--state-dir", str(tmp_path / "sched"), "--bundle", str(tmp_path / "b")]

@@ -211,9 +211,14 @@ class LocalScheduler:
             self._save_job(LocalJob(job, list(argv), list(nodes), None, cwd, dict(env or {}), comment,
                                     list(exclude), state="PENDING"))
         exit_file = self.directory / "jobs" / f"{job}.exit"
-        # -I: the job's PYTHONPATH/PYTHONHOME must not change the interpreter of this wrapper
+        # -I: the job's PYTHONPATH/PYTHONHOME must not change the interpreter of this wrapper.
+        # A stop's USR1/USR2 reach the whole process group; they are the job's to act on, so the
+        # wrapper catches them (a caught signal is back to its default in the job after exec):
+        # by default they would end the wrapper and the job would look ended while it still ran.
         wrapper = [sys.executable, "-I", "-c",
-                   "import subprocess,sys; code=subprocess.call(sys.argv[2:]); open(sys.argv[1],'w').write(str(code))",
+                   "import signal,subprocess,sys\n"
+                   "for s in (signal.SIGUSR1, signal.SIGUSR2): signal.signal(s, lambda *a: None)\n"
+                   "code=subprocess.call(sys.argv[2:]); open(sys.argv[1],'w').write(str(code))",
                    str(exit_file), *argv]
         submitted = {**dict(os.environ if environment is None else environment), **(env or {})}
         try:
