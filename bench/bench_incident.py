@@ -30,7 +30,11 @@ from tests.test_e2e_serve import BIN, _free, _post, _stop, _wait_http, local_inc
 TOKEN = "xoxb-bench-token-000000000"
 
 
-def one(nodes: int, work: Path) -> dict[str, float]:
+#: The simulated incident's seed per symptom (spikeops.sim's gpu_xid scenario).
+SYMPTOMS = {"nan": 1, "spike": 5}
+
+
+def one(nodes: int, work: Path, trace: bool = False, symptom: str = "nan") -> dict[str, float]:
     import subprocess
 
     prefect_port, receiver_port = _free(), _free()
@@ -50,7 +54,8 @@ def one(nodes: int, work: Path) -> dict[str, float]:
             stubborn = [sys.executable, "-c", "import signal, time; signal.signal(signal.SIGUSR1, signal.SIG_IGN); "
                         "time.sleep(600)"]
             with local_incident(work, cluster_dir / "c", nodes=nodes, first_address="127.0.18.11",
-                                extra_config='slack_channel = "#incidents"\n', job_argv=stubborn) as (
+                                extra_config='slack_channel = "#incidents"\n', job_argv=stubborn,
+                                seed=SYMPTOMS[symptom]) as (
                     cluster, scheduler, job, config):
                 _wait_http(f"{api}/health", 180, server)
                 serving = subprocess.Popen([str(BIN / "spikeops"), "serve", "--config", str(config),
@@ -60,13 +65,13 @@ def one(nodes: int, work: Path) -> dict[str, float]:
                 time.sleep(2)  # let `prefect serve` register and start polling
                 alert = {"alerts": [{"status": "firing", "startsAt": "2026-11-29T18:03:12Z", "fingerprint": "b1",
                                      "labels": {"alertname": "TrainingLossNaN", "job_id": job, "cluster": "sim"}}]}
-                t0 = time.monotonic()
+                t0, t0_wall = time.monotonic(), time.time()
                 status, _ = _post(f"http://127.0.0.1:{receiver_port}/alerts/alertmanager", json.dumps(alert).encode(),
                                   "bench")
                 accepted = time.monotonic() - t0
                 first = diagnosis = stopped = None
-                deadline = t0 + 300
-                while time.monotonic() < deadline and (diagnosis is None or stopped is None):
+                deadline = t0 + 120
+                while time.monotonic() < deadline and (diagnosis is None or (symptom == "nan" and stopped is None)):
                     if first is None and slack.messages:
                         first = time.monotonic() - t0
                     if diagnosis is None and any(m.text.startswith("Diagnosis") for m in slack.messages):
@@ -76,29 +81,59 @@ def one(nodes: int, work: Path) -> dict[str, float]:
                         stopped = time.monotonic() - t0
                     time.sleep(0.05)
                 parents = len({m.ts for m in slack.messages if m.thread_ts is None})
-                return {"nodes": nodes, "accepted": accepted, "first_message": first, "diagnosis": diagnosis,
+                if trace:  # the run's own clock, then every message of the thread, seconds after the POST
+                    _trace_runs(api, t0_wall)
+                    for m in slack.messages:
+                        print(f"#  {float(m.ts) - t0_wall:7.2f} s  {m.text[:100]!r}", file=sys.stderr)
+                return {"nodes": nodes, "symptom": symptom, "accepted": accepted, "first_message": first, "diagnosis": diagnosis,
                         "stopped": stopped, "status": status, "threads": parents}
         finally:
             if serving is not None:
                 _stop(serving)
             _stop(server)
             logs.close()
+            if trace:
+                print(f"# servers' log: {work / 'servers.log'} (kept in --trace mode)", file=sys.stderr)
             import shutil
 
             shutil.rmtree(cluster_dir, ignore_errors=True)
 
 
+def _trace_runs(api: str, t0_wall: float) -> None:
+    """When the run was created, when it was due and when it started (Prefect's timestamps)."""
+    import urllib.request
+    from datetime import datetime
+
+    request = urllib.request.Request(f"{api}/flow_runs/filter", data=b"{}", method="POST",
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=30) as answer:
+        runs = json.loads(answer.read())
+    for run in runs:
+        for key in ("created", "expected_start_time", "start_time", "end_time"):
+            if run.get(key):
+                at = datetime.fromisoformat(run[key].replace("Z", "+00:00")).timestamp() - t0_wall
+                print(f"#  {at:7.2f} s  run {run['name']}: {key}", file=sys.stderr)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, nargs="+", default=[16, 64])
+    parser.add_argument("--symptom", nargs="+", choices=sorted(SYMPTOMS), default=["nan", "spike"],
+                        help="nan: stopped at once (the grace runs beside collection); spike: a single "
+                             "spike, watched first for at most observe_timeout_s = 2 s (default both)")
+    parser.add_argument("--trace", action="store_true", help="print every Slack message with its time (stderr)")
     args = parser.parse_args()
-    print("| nodes | alert accepted (s) | first Slack message (s) | diagnosis in Slack (s) | job stopped (s) | threads |")
-    print("| ---: | ---: | ---: | ---: | ---: | ---: |")
-    for nodes in args.nodes:
-        with tempfile.TemporaryDirectory(prefix="spikeops-bench-incident-") as tmp:
-            row = one(nodes, Path(tmp))
+    print("| nodes | symptom | alert accepted (s) | first Slack message (s) | diagnosis in Slack (s) | job stopped (s) "
+          "| threads |")
+    print("| ---: | --- | ---: | ---: | ---: | ---: | ---: |")
+    for nodes, symptom in [(n, s) for n in args.nodes for s in args.symptom]:
+        if args.trace:  # the work directory is kept, for its servers' log
+            row = one(nodes, Path(tempfile.mkdtemp(prefix="spikeops-bench-incident-")), True, symptom)
+        else:
+            with tempfile.TemporaryDirectory(prefix="spikeops-bench-incident-") as tmp:
+                row = one(nodes, Path(tmp), symptom=symptom)
         fmt = lambda v: f"{v:.2f}" if isinstance(v, float) else "—"  # noqa: E731
-        print(f"| {nodes} | {fmt(row['accepted'])} | {fmt(row['first_message'])} | {fmt(row['diagnosis'])} | "
+        print(f"| {nodes} | {symptom} | {fmt(row['accepted'])} | {fmt(row['first_message'])} | {fmt(row['diagnosis'])} | "
               f"{fmt(row['stopped'])} | {row['threads']} |", flush=True)
     return 0
 

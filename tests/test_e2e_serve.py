@@ -71,13 +71,15 @@ def _stop(process: subprocess.Popen) -> None:
 
 @contextmanager
 def local_incident(work: Path, cluster_dir: Path, *, nodes: int, first_address: str, extra_config: str = "",
-                   job_argv: list[str] | None = None) -> Iterator[tuple[simcluster.Cluster, LocalScheduler, str, Path]]:
+                   job_argv: list[str] | None = None,
+                   seed: int = 5) -> Iterator[tuple[simcluster.Cluster, LocalScheduler, str, Path]]:
     """A simulated Xid incident ready to be served: sshd nodes, a local scheduler running the
     job on them (plus one spare), checkpoints with manifests, and the spikeops.toml mapping
-    cluster "sim" to it all. Yields (cluster, scheduler, job id, config path)."""
+    cluster "sim" to it all. Yields (cluster, scheduler, job id, config path). The seed picks
+    the symptom: 5 a single spike (watched first), 1 a NaN (stopped at once)."""
     port = simcluster.free_port((first_address,))
     with simcluster.running(cluster_dir, nodes=nodes, port=port, first_address=first_address,
-                            scenario="gpu_xid", seed=5) as cluster:
+                            scenario="gpu_xid", seed=seed) as cluster:
         scheduler = LocalScheduler(work / "sched")
         scheduler.add_nodes(cluster.nodes + ["spare-001"])
         job = scheduler.submit(job_argv or [sys.executable, "-c", "import time; time.sleep(600)"], cluster.nodes)
