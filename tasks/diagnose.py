@@ -15,26 +15,27 @@ __all__ = ["diagnose_bundle", "diagnose_incident", "findings_table", "summary_li
 
 
 @task(name="diagnose")
-def diagnose_bundle(bundle: str) -> dict[str, Any]:
-    """``spikeops diagnose``: the diagnosis object, also written to the bundle."""
+def diagnose_bundle(bundle: str, checkpoint_root: str | None = None, quarantine: str | None = None) -> dict[str, Any]:
+    """``spikeops diagnose``: the diagnosis object, also written to the bundle. With
+    ``checkpoint_root``, once the onset is known the checkpoints under it are verified (the
+    pick task) and the diagnosis made again with them, without reading the nodes again."""
     from spikeops.bundle import atomic_write
     from spikeops.diagnosis import diagnose
 
-    document = diagnose(bundle).to_json()
+    def verify_before(onset: int) -> None:
+        pick_checkpoint(checkpoint_root, onset, bundle=bundle, quarantine=quarantine)
+
+    document = diagnose(bundle, verify_before=verify_before if checkpoint_root else None).to_json()
     atomic_write(Path(bundle) / "diagnosis.json", (json.dumps(document, indent=2, default=str) + "\n").encode())
     return document
 
 
 def diagnose_incident(bundle: str, checkpoint_root: str | None, *, dry_run: bool, artifact_key: str) -> dict[str, Any]:
-    """The diagnosis with its resume point: once the onset is known, the checkpoints under
-    ``checkpoint_root`` are verified and the bundle diagnosed again with them. A checkpoint that
-    fails its checksums gets a marker (never deleted, never renamed here), so neither this
-    resume nor a person's picks it by mistake. The findings become a table artifact."""
-    diagnosis = diagnose_bundle(bundle)
-    if checkpoint_root and diagnosis.get("onset_step") is not None:
-        pick_checkpoint(checkpoint_root, int(diagnosis["onset_step"]), bundle=bundle,
-                        quarantine=None if dry_run else "marker")
-        diagnosis = diagnose_bundle(bundle)
+    """The diagnosis with its resume point: the checkpoints under ``checkpoint_root`` before the
+    onset are verified. A checkpoint that fails its checksums gets a marker (never deleted, never
+    renamed here), so neither this resume nor a person's picks it by mistake. The findings
+    become a table artifact."""
+    diagnosis = diagnose_bundle(bundle, checkpoint_root, None if dry_run else "marker")
     create_table_artifact(key=artifact_key, table=findings_table(diagnosis))
     return diagnosis
 

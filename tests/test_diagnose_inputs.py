@@ -202,3 +202,27 @@ def test_rank0_node_train_log_is_the_last_resort_for_metrics(tmp_path):
     assert "step metrics read from nodes/n1/train.log" in " ".join(document["missing"])
     evidence = document["findings"][0]["evidence"]
     assert evidence and evidence[0]["file"] == "nodes/n1/train.log"
+
+
+def test_checkpoints_verified_after_the_first_pass_give_the_same_diagnosis_as_a_fresh_read(tmp_path):
+    """The flow verifies checkpoints once the onset is known and diagnoses again from the
+    evidence already read: the result must be the one a full read of the final bundle gives."""
+    from spikeops.sim.build import build_bundle
+
+    bundle = tmp_path / "b"
+    build_bundle(bundle, "gpu_xid", seed=1, nodes=6)
+    verified = (bundle / "checkpoints.json").read_text()
+    (bundle / "checkpoints.json").unlink()
+    asked: list[int] = []
+
+    def verify_before(onset: int) -> None:
+        asked.append(onset)
+        (bundle / "checkpoints.json").write_text(verified)
+
+    twice = diagnose(bundle, verify_before=verify_before).to_json()
+    assert len(asked) == 1 and asked[0] == twice["onset_step"]
+    assert twice["resume_from"] is not None and twice["resume_from"]["step"] < asked[0]
+    assert not any(m.startswith("checkpoints.json") for m in twice["missing"])
+    assert twice == diagnose(bundle).to_json()
+    (bundle / "checkpoints.json").unlink()  # without the callback, the gap is said
+    assert any(m.startswith("checkpoints.json: absent") for m in diagnose(bundle).to_json()["missing"])

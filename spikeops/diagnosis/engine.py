@@ -26,12 +26,13 @@ import os
 import traceback
 from datetime import timedelta
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 from spikeops.diagnosis import checkpoint, communication, data, hardware, numeric, replay
 from spikeops.diagnosis.actions import plan_actions
 from spikeops.diagnosis.context import Context, build_context
-from spikeops.diagnosis.evidence import BundleFacts, load_bundle
+from spikeops.diagnosis.evidence import BundleFacts, load_bundle, with_fresh_checkpoints
 from spikeops.diagnosis.model import LAYERS, Diagnosis, EvidenceLine, Finding
 from spikeops.diagnosis.symptom import WINDOW, classify
 from spikeops.thresholds import MIN_POINTS, SHORT_HISTORY
@@ -309,7 +310,17 @@ def diagnose_facts(facts: BundleFacts) -> Diagnosis:
     )
 
 
-def diagnose(path: str | Path, *, workers: int | None = None) -> Diagnosis:
-    """Read a bundle and diagnose it (BundleError, one line, when it cannot be read at all)."""
-    return diagnose_facts(load_bundle(path, workers=workers))
+def diagnose(path: str | Path, *, workers: int | None = None,
+             verify_before: Callable[[int], object] | None = None) -> Diagnosis:
+    """Read a bundle and diagnose it (BundleError, one line, when it cannot be read at all).
+
+    ``verify_before(onset)``, when given, is called once the onset is known to verify the
+    checkpoints before it into the bundle's ``checkpoints.json``; the diagnosis is then made
+    again with them, from the evidence already read (reading the nodes is most of the cost)."""
+    facts = load_bundle(path, workers=workers)
+    diagnosis = diagnose_facts(facts)
+    if verify_before is not None and diagnosis.onset_step is not None:
+        verify_before(int(diagnosis.onset_step))
+        diagnosis = diagnose_facts(with_fresh_checkpoints(facts))
+    return diagnosis
 

@@ -19,7 +19,7 @@ import mmap
 import re
 import os
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +44,8 @@ from spikeops.probes.base import clip
 from spikeops.reading import read_evidence
 
 __all__ = [
+    "read_checkpoints",
+    "with_fresh_checkpoints",
     "MetricsTable",
     "Replay",
     "JobOutput",
@@ -808,6 +810,25 @@ class BundleFacts:
         return next((n for n in self.nodes if n.name == name), None)
 
 
+def read_checkpoints(path: Path) -> tuple[list[Checkpoint] | None, list[str]]:
+    """The bundle's ``checkpoints.json`` and what could not be read of it."""
+    path_ckpt = path / "checkpoints.json"
+    if not path_ckpt.is_file():
+        return None, ["checkpoints.json: absent (no checkpoint to resume from is known)"]
+    parsed = parse_checkpoints(path_ckpt.read_text(encoding="utf-8", errors="replace"))
+    return parsed.checkpoints, [f"checkpoints.json: {gap.reason}" for gap in parsed.gaps]
+
+
+def with_fresh_checkpoints(facts: BundleFacts) -> BundleFacts:
+    """``facts`` with ``checkpoints.json`` read again (the checkpoints were verified after the
+    first diagnosis named the onset); the nodes' evidence, the costly part, is not re-read."""
+    checkpoints, gaps = read_checkpoints(facts.path)
+    old = [i for i, m in enumerate(facts.missing) if m.startswith("checkpoints.json: ")]
+    at = old[0] if old else len(facts.missing)  # where load_bundle put them, so the order is the same
+    kept = [m for i, m in enumerate(facts.missing) if i not in set(old)]
+    return replace(facts, checkpoints=checkpoints, missing=kept[:at] + gaps + kept[at:])
+
+
 def load_bundle(path: str | Path, *, workers: int | None = None) -> BundleFacts:
     """Open and read a bundle (BundleError if it cannot be opened at all)."""
     bundle = open_bundle(path)
@@ -827,14 +848,8 @@ def load_bundle(path: str | Path, *, workers: int | None = None) -> BundleFacts:
         missing.extend(facts.notes)
     collected = {facts.name for facts in nodes}
     missing.extend(f"nodes/{node}: not collected" for node in bundle.incident.job.nodes if node not in collected)
-    checkpoints = None
-    path_ckpt = bundle.path / "checkpoints.json"
-    if path_ckpt.is_file():
-        parsed = parse_checkpoints(path_ckpt.read_text(encoding="utf-8", errors="replace"))
-        checkpoints = parsed.checkpoints
-        missing.extend(f"checkpoints.json: {gap.reason}" for gap in parsed.gaps)
-    else:
-        missing.append("checkpoints.json: absent (no checkpoint to resume from is known)")
+    checkpoints, gaps = read_checkpoints(bundle.path)
+    missing.extend(gaps)
     output: list[JobOutput] = []
     train = bundle.path / "train.log"
     if train.is_file():
