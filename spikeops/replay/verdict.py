@@ -36,6 +36,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from spikeops.diagnosis.model import EvidenceLine as Evidence  # the diagnosis's evidence line, one shape
 from spikeops.probes.bundle_files import read_float
 from spikeops.replay.records import ReplayRecord, ReplayRun
 
@@ -57,18 +58,6 @@ NONFINITE_FACTOR = 10.0
 #: A rank is "far off" in one replay when its gradient norm is this many times the other's.
 FAR_OFF = 4.0
 MAX_EVIDENCE = 10
-
-
-@dataclass(frozen=True)
-class Evidence:
-    """One line the verdict rests on (the diagnosis's evidence shape)."""
-
-    file: str
-    line: int | None
-    text: str
-
-    def to_json(self) -> dict[str, Any]:
-        return {"file": self.file, "line": self.line, "text": self.text}
 
 
 @dataclass
