@@ -224,18 +224,32 @@ def test_an_incident_started_from_the_ui_form_with_a_cluster_and_a_job_id(served
     try:
         driver.get(f"{served.ui}/deployments/deployment/{deployment['id']}/run")
         _wait_text(driver, "Job id", "Cluster", "Overrides (optional)")
-        driver.find_element(By.TAG_NAME, "textarea").send_keys(served.jobs["auto"])
-        Select(driver.find_element(By.TAG_NAME, "select")).select_by_visible_text("auto")
-        next(b for b in driver.find_elements(By.TAG_NAME, "button") if b.text.strip() == "Submit").click()
-        deadline = time.monotonic() + 60
         started: list[dict[str, Any]] = []
-        while not started and time.monotonic() < deadline:
+        page = ""
+        # The form hydrates in steps (schema, then defaults); a value typed before the last step can be
+        # re-rendered away and the click then lands on a form that does not submit. Fill, check what the
+        # form holds, submit, and fill again only while no run exists and the page is still the form.
+        for _attempt in range(3):
+            box = driver.find_element(By.TAG_NAME, "textarea")
+            if box.get_attribute("value") != served.jobs["auto"]:
+                box.clear()
+                box.send_keys(served.jobs["auto"])
+            Select(driver.find_element(By.TAG_NAME, "select")).select_by_visible_text("auto")
             time.sleep(1)
-            started = [r for r in _call(f"{served.api}/flow_runs/filter", {})
-                       if r["parameters"].get("job_id") == served.jobs["auto"]]
+            if driver.find_element(By.TAG_NAME, "textarea").get_attribute("value") != served.jobs["auto"]:
+                continue
+            next(b for b in driver.find_elements(By.TAG_NAME, "button") if b.text.strip() == "Submit").click()
+            deadline = time.monotonic() + 45
+            while not started and time.monotonic() < deadline:
+                time.sleep(1)
+                started = [r for r in _call(f"{served.api}/flow_runs/filter", {})
+                           if r["parameters"].get("job_id") == served.jobs["auto"]]
+            if started or not driver.current_url.endswith("/run"):
+                break
+            page = _body_text(driver)[:1500]
     finally:
         driver.quit()
-    assert len(started) == 1, "the form started no run"
+    assert len(started) == 1, f"the form started no run; the page showed: {page}"
     run = _wait_state(served, started[0]["id"], {"COMPLETED", "FAILED", "CRASHED"}, 300)
     assert run["state"]["type"] == "COMPLETED", run["state"]
     assert {f"job:{served.jobs['auto']}", "cluster:auto"} <= set(run["tags"])
