@@ -126,8 +126,10 @@ def serve_receiver(config: SpikeopsConfig, addr: str | None = None) -> None:
     uvicorn.Server(uvicorn.Config(app, host=host, port=int(port), log_level="warning")).run()
 
 
-def serve(config: SpikeopsConfig, addr: str | None = None) -> None:
-    """The receiver (uvicorn, in a thread) and the flow's deployment (``prefect.serve``)."""
+def serve(config: SpikeopsConfig, addr: str | None = None, *, warm_start: bool = True) -> None:
+    """The receiver (uvicorn, in a thread) and the flow's deployment (``prefect.serve``); with
+    ``warm_start`` each run is forked from a process that has already imported the flow
+    (``deployments.warm_start``) instead of a new interpreter importing Prefect."""
     import os
 
     import uvicorn
@@ -152,6 +154,10 @@ def serve(config: SpikeopsConfig, addr: str | None = None) -> None:
     # would otherwise find no deployment to run and be answered 503.
     for deployment in deployments:
         deployment.apply()
+    if warm_start:  # before the receiver and the runner start their threads
+        from deployments import warm_start as warm
+
+        warm.enable()
     app = create_app(prefect_starter(config), receiver, emit=prefect_emitter())
     server = uvicorn.Server(server_config(app, host, int(port)))
     freeze_heap()  # the heap of everything imported so far, out of a storm's collections
