@@ -1,7 +1,8 @@
 """The incident flow: the seed's pipeline, one stage per call.
 
-preflight -> open the incident -> classify the symptom -> protect the run -> collect the
-evidence -> diagnose -> decide (the approval gate) -> isolate and resume -> tell.
+preflight -> open the incident -> collect the evidence (started here, gathered before the
+diagnosis) -> classify the symptom -> protect the run -> diagnose -> decide (the approval gate)
+-> isolate and resume -> tell.
 
 Each stage lives in ``tasks/`` under its name; the decisions (the rapid-response matrix, the
 approval policy, whether to resume) are pure functions in ``spikeops.response``. Every stage
@@ -28,7 +29,7 @@ from spikeops.response import approval_gate, outcome_summary
 from tasks.approve import ask_approval
 from tasks.baselines import bundle_baselines
 from tasks.classify import classify_symptom
-from tasks.collect import collect_incident
+from tasks.collect import finish_incident_collection, start_incident_collection
 from tasks.concurrency import IncidentSlots
 from tasks.diagnose import diagnose_incident, summary_line
 from tasks.incident import open_incident
@@ -110,6 +111,11 @@ def _respond(settings: IncidentSettings, slots: IncidentSlots, logger: Any) -> d
     key = incident.lower()
     notifier = None if "notify" in skip else SlackNotifier(bundle, channel=settings.slack_channel)
     incident_doc = json.loads((Path(bundle) / "incident.json").read_text())
+    # collect: started now, before the job is signalled or watched; the nodes answer while the
+    # flow classifies and protects, and nothing waits for them until the diagnosis
+    nodes = list(incident_doc["job"]["nodes"] or [])
+    collecting = None if "collect" in skip else start_incident_collection(
+        settings.inventory, job, bundle, nodes, incident, dask_scheduler=settings.dask_scheduler)
     # classify
     symptom = classify_symptom(bundle)
     label_run(job, symptom["symptom"], cluster=settings.cluster)
@@ -124,11 +130,8 @@ def _respond(settings: IncidentSettings, slots: IncidentSlots, logger: Any) -> d
                                  notifier=notifier)
         if protection.observed is not None:
             outcome["observed"] = protection.observed
-    # collect
-    nodes = list(incident_doc["job"]["nodes"] or [])
-    if "collect" not in skip:
-        collect_incident(settings.inventory, job, bundle, nodes, incident, notifier=notifier,
-                         dask_scheduler=settings.dask_scheduler)
+    if collecting is not None:
+        finish_incident_collection(collecting, notifier=notifier)
     if settings.baseline_dir:  # counters are read as growth since the nodes' last healthy capture
         logger.info("baselines: %s", "; ".join(bundle_baselines(settings.baseline_dir, bundle, nodes)))
     # diagnose

@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +35,7 @@ from spikeops.collect.collector import (
 from spikeops.inventory import expand_nodes, load_inventory
 
 __all__ = ["collect_shard", "collect_evidence", "collect_incident", "collection_table", "shard_runner",
+           "PendingCollection", "start_collection", "start_incident_collection", "finish_incident_collection",
            "DEFAULT_SHARD_SIZE", "DASK_CONNECT_TIMEOUT_S"]
 
 DEFAULT_SHARD_SIZE = 48
@@ -94,45 +95,91 @@ def shard_runner(dask_scheduler: str | None = None) -> Iterator[Submit]:
         runner.__exit__(None, None, None)
 
 
-def collect_evidence(inventory_path: str | Path, job: str, bundle: str | Path, nodes: str | list[str] | None = None,
+class PendingCollection:
+    """A collection whose shards are running (``start_collection``); ``result`` waits for them,
+    then writes the bundle's collection record and the table artifact, once."""
+
+    def __init__(self, inventory: Any, job: str, root: Path, baseline: bool, started: Any, futures: list[Any],
+                 runner: ExitStack, artifact_key: str | None) -> None:
+        self._inventory, self._job, self._root, self._baseline = inventory, job, root, baseline
+        self._started, self._futures, self._runner, self._artifact_key = started, futures, runner, artifact_key
+        self._t0 = time.monotonic()
+        self._result: CollectResult | None = None
+
+    def result(self) -> CollectResult:
+        if self._result is None:
+            with self._runner:
+                results = [result for future in self._futures for result in future.result()]
+            outcome = CollectResult(self._root, self._job, self._baseline, time.monotonic() - self._t0, results)
+            record_collection(outcome, self._inventory, self._started)
+            create_table_artifact(key=self._artifact_key, table=collection_table(results),
+                                  description="\n".join(outcome.summary_lines()))
+            self._result = outcome
+        return self._result
+
+
+def start_collection(inventory_path: str | Path, job: str, bundle: str | Path, nodes: str | list[str] | None = None,
                      *, baseline: bool = False, replace: bool = False,
                      shard_size: int = DEFAULT_SHARD_SIZE, artifact_key: str | None = None,
-                     dask_scheduler: str | None = None) -> CollectResult:
-    """Collect a job's evidence from inside a flow: shard tasks submitted together, each
-    with its share of the inventory's fan-out (on the Dask cluster at ``dask_scheduler``
-    when given), then the bundle's collection record and a table artifact. Call it from a
-    flow (it submits tasks)."""
+                     dask_scheduler: str | None = None) -> PendingCollection:
+    """Submit a job's collection shards and return at once: the incident flow classifies and
+    protects while the nodes answer (``collect_evidence`` for the whole of it). Each shard
+    gets its share of the inventory's fan-out, on the Dask cluster at ``dask_scheduler``
+    when given. Call it from a flow (it submits tasks)."""
     inventory = load_inventory(inventory_path)
     wanted = expand_nodes(nodes) if isinstance(nodes, str) else nodes
     root, wanted, started = prepare_bundle(inventory, job, bundle, wanted, baseline=baseline, replace=replace)
     shards = shard_nodes(wanted, shard_size)
     share = max(1, math.ceil(inventory.ssh.fanout / len(shards)))
-    t0 = time.monotonic()
-    with shard_runner(dask_scheduler) as submit:
+    runner = ExitStack()
+    submit = runner.enter_context(shard_runner(dask_scheduler))
+    try:
         futures = [
             submit(collect_shard, {"inventory_path": str(inventory.path), "job": job, "bundle": str(root),
                                    "nodes": shard, "baseline": baseline, "fanout": share,
                                    "label": f"{index + 1}/{len(shards)} ({len(shard)} nodes)"})
             for index, shard in enumerate(shards)
         ]
-        results = [result for future in futures for result in future.result()]
-    outcome = CollectResult(root, job, baseline, time.monotonic() - t0, results)
-    record_collection(outcome, inventory, started)
-    create_table_artifact(
-        key=artifact_key, table=collection_table(results),
-        description="\n".join(outcome.summary_lines()),
-    )
-    return outcome
+    except BaseException:
+        runner.close()
+        raise
+    return PendingCollection(inventory, job, root, baseline, started, futures, runner, artifact_key)
 
 
-def collect_incident(inventory_path: str, job: str, bundle: str, nodes: list[str], incident: str, *,
-                     notifier: Any, dask_scheduler: str | None = None) -> CollectResult:
+def collect_evidence(inventory_path: str | Path, job: str, bundle: str | Path, nodes: str | list[str] | None = None,
+                     *, baseline: bool = False, replace: bool = False,
+                     shard_size: int = DEFAULT_SHARD_SIZE, artifact_key: str | None = None,
+                     dask_scheduler: str | None = None) -> CollectResult:
+    """Collect a job's evidence from inside a flow: the shards (``start_collection``), then the
+    bundle's collection record and a table artifact."""
+    return start_collection(inventory_path, job, bundle, nodes, baseline=baseline, replace=replace,
+                            shard_size=shard_size, artifact_key=artifact_key,
+                            dask_scheduler=dask_scheduler).result()
+
+
+def start_incident_collection(inventory_path: str, job: str, bundle: str, nodes: list[str], incident: str, *,
+                              dask_scheduler: str | None = None) -> PendingCollection:
     """The incident's evidence from every node of the job over SSH (the bundle's node folders
-    are replaced), told in the thread as a count of nodes by outcome."""
-    collected = collect_evidence(inventory_path, job, bundle, nodes or None, replace=True,
-                                 artifact_key=f"collection-{incident.lower()}"[:100], dask_scheduler=dask_scheduler)
+    are replaced), started as soon as the incident is open: the snapshot is taken before the
+    job is signalled or watched, and nothing after waits for it until the diagnosis."""
+    return start_collection(inventory_path, job, bundle, nodes or None, replace=True,
+                            artifact_key=f"collection-{incident.lower()}"[:100], dask_scheduler=dask_scheduler)
+
+
+def finish_incident_collection(pending: PendingCollection, *, notifier: Any) -> CollectResult:
+    """Wait for the incident's collection and tell it in the thread as a count of nodes by outcome."""
+    collected = pending.result()
     buckets = collected.buckets()
     if notifier:
         notifier.stage("collect", f"collected {len(buckets['ok'])}/{len(collected.nodes)} nodes"
                        + "".join(f"; {k}: {len(v)}" for k, v in buckets.items() if v and k != "ok"))
     return collected
+
+
+def collect_incident(inventory_path: str, job: str, bundle: str, nodes: list[str], incident: str, *,
+                     notifier: Any, dask_scheduler: str | None = None) -> CollectResult:
+    """The incident's collection from start to end (``start_incident_collection`` and
+    ``finish_incident_collection``)."""
+    return finish_incident_collection(
+        start_incident_collection(inventory_path, job, bundle, nodes, incident, dask_scheduler=dask_scheduler),
+        notifier=notifier)
