@@ -8,9 +8,11 @@ not check). The per-rank and batch windows are loaded once here, for the steps t
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -159,6 +161,19 @@ class Context:
         return grouped
 
 
+def _window(facts: BundleFacts, path: Path, low: int, high: int, reader: Callable[[list[Any]], list[Any]]
+            ) -> tuple[list[Any], list[str]]:
+    """``reader`` over the rows of ``path`` in [low, high], read once per loaded bundle: the
+    flow diagnoses twice (before and after verifying the checkpoints), and these windows of
+    the per-rank and batch files are megabytes of JSON. Each caller gets its own list."""
+    key = (str(path), low, high, reader.__name__)
+    if key not in facts.memo:
+        rows, notes = read_jsonl_window(path, low, high)
+        facts.memo[key] = (reader(rows), notes)
+    records, notes = facts.memo[key]
+    return list(records), list(notes)
+
+
 def build_context(facts: BundleFacts, symptom: SymptomResult) -> Context:
     """Load the per-rank, batch and reference windows the rules need, once."""
     context = Context(facts, symptom)
@@ -169,12 +184,12 @@ def build_context(facts: BundleFacts, symptom: SymptomResult) -> Context:
         steps = facts.metrics.frame.index
         low, high = int(steps[max(0, len(steps) - RANK_SCAN_STEPS)]), int(steps[-1])
         try:
-            rows, notes = read_jsonl_window(root / "ranks.jsonl", low, high)
+            records, notes = _window(facts, root / "ranks.jsonl", low, high, rank_records)
         except (OSError, ValueError) as exc:
             context.missing.append(f"ranks.jsonl: unreadable ({exc})")
         else:
             context.missing.extend(notes)
-            context.ranks = rank_records(rows)
+            context.ranks = records
             context.scanned = (low, high)
     if trouble is not None:
         for name, target, reader, before in (("ranks.jsonl", "ranks", rank_records, RANK_WINDOW_BEFORE),
@@ -185,13 +200,13 @@ def build_context(facts: BundleFacts, symptom: SymptomResult) -> Context:
                 context.missing.append(f"{name}: absent ({'per-rank' if name.startswith('ranks') else 'batch'} checks skipped)")
                 continue
             try:
-                rows, notes = read_jsonl_window(path, low, high)
+                records, notes = _window(facts, path, low, high, reader)
             except (OSError, ValueError) as exc:
                 context.missing.append(f"{name}: unreadable ({exc})")
                 continue
             context.missing.extend(notes)
-            setattr(context, target, reader(rows))
-            if not rows:
+            setattr(context, target, records)
+            if not records:
                 context.missing.append(f"{name}: no rows for steps {low}..{high}")
     resumed = facts.incident.job.resumed_from
     reference = root / "reference" / "batches.jsonl"
@@ -201,13 +216,11 @@ def build_context(facts: BundleFacts, symptom: SymptomResult) -> Context:
         # Compare where both files have steps after the resume: the current file may hold
         # only a window around the incident, the reference only the steps after S.
         low = max(resumed.step + 1, first_step(reference) or 0, first_step(current_path) or 0)
-        rows, notes = read_jsonl_window(reference, low, low + REFERENCE_STEPS)
+        context.reference, notes = _window(facts, reference, low, low + REFERENCE_STEPS, batch_records)
         context.missing.extend(notes)
-        context.reference = batch_records(rows)
         if context.reference and current_path.is_file():
             steps = {record.step for record in context.reference}
-            rows, _ = read_jsonl_window(current_path, min(steps), max(steps))
-            current = batch_records(rows)
+            current, _ = _window(facts, current_path, min(steps), max(steps), batch_records)
             known = {(record.step, record.rank) for record in context.batches}
             context.batches.extend(record for record in current if (record.step, record.rank) not in known)
     return context

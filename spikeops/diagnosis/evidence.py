@@ -801,6 +801,9 @@ class BundleFacts:
     missing: list[str]
     #: What the job printed, read for errors: the bundle's ``train.log`` and the nodes' logs.
     output: list[JobOutput] = field(default_factory=list)
+    #: Windows of the bundle's files already read (``context._window``), shared with the copy
+    #: ``with_fresh_checkpoints`` makes: the files do not change between the two diagnoses.
+    memo: dict[Any, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def path(self) -> Path:
