@@ -163,7 +163,19 @@ def serve(config: SpikeopsConfig, addr: str | None = None, *, warm_start: bool =
     freeze_heap()  # the heap of everything imported so far, out of a storm's collections
     threading.Thread(target=server.run, name="spikeops-receiver", daemon=True).start()
     with runner_settings():
-        prefect_serve(*deployments)
+        prefect_serve(*deployments, query_seconds=runner_poll_s())
+
+
+def runner_poll_s() -> float:
+    """Seconds between the runner's looks for new runs: half a second (a quarter on average
+    added to every alert's start), or an operator's ``PREFECT_RUNNER_POLL_FREQUENCY``. Prefect's
+    setting takes whole seconds; its runner takes any ``query_seconds``."""
+    import os
+
+    try:
+        return max(0.1, float(os.environ.get("PREFECT_RUNNER_POLL_FREQUENCY") or 0.5))
+    except ValueError:
+        return 0.5
 
 
 def runner_settings() -> Any:

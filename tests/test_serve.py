@@ -148,3 +148,14 @@ def test_the_served_runner_polls_every_second_although_prefect_is_already_import
     monkeypatch.setenv("PREFECT_RUNNER_POLL_FREQUENCY", "3")  # an operator's own choice wins
     with runner_settings():
         assert get_current_settings().runner.poll_frequency == 3
+
+
+def test_the_served_runner_looks_for_runs_every_half_second_unless_told(monkeypatch) -> None:
+    from deployments.serve import runner_poll_s
+
+    monkeypatch.delenv("PREFECT_RUNNER_POLL_FREQUENCY", raising=False)
+    assert runner_poll_s() == 0.5
+    monkeypatch.setenv("PREFECT_RUNNER_POLL_FREQUENCY", "3")
+    assert runner_poll_s() == 3.0
+    monkeypatch.setenv("PREFECT_RUNNER_POLL_FREQUENCY", "often")
+    assert runner_poll_s() == 0.5
