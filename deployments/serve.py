@@ -133,7 +133,6 @@ def serve(config: SpikeopsConfig, addr: str | None = None, *, warm_start: bool =
     import os
 
     import uvicorn
-    from prefect import serve as prefect_serve
 
     from deployments.receiver import ReceiverConfig, check_bind, create_app
     from deployments.receiver_http import freeze_heap, server_config
@@ -163,7 +162,48 @@ def serve(config: SpikeopsConfig, addr: str | None = None, *, warm_start: bool =
     freeze_heap()  # the heap of everything imported so far, out of a storm's collections
     threading.Thread(target=server.run, name="spikeops-receiver", daemon=True).start()
     with runner_settings():
-        prefect_serve(*deployments, query_seconds=runner_poll_s())
+        run_served(deployments, warm=warm_start)
+
+
+def run_served(deployments: list[Any], *, warm: bool) -> None:
+    """``prefect.serve`` for our deployments, except that with ``warm`` the runner is also
+    given each deployment's flow object, as ``Runner.add_flow`` gives it: Prefect then starts
+    the runs with its direct starter (the flow passed to a child process, which
+    ``deployments.warm_start`` forks from its server) instead of ``python -m prefect.engine``,
+    a new interpreter that imports Prefect and loads the flow from its entrypoint again."""
+    import asyncio
+
+    from prefect.exceptions import TerminationSignal
+    from prefect.runner import Runner
+
+    runner = Runner(pause_on_shutdown=True, query_seconds=runner_poll_s())
+    registry = getattr(runner, "_deployment_registry", None)
+    for deployment in deployments:
+        deployment_id = runner.add_deployment(deployment)
+        flow = _flow_of(deployment)
+        if warm and flow is not None and hasattr(registry, "register_flow"):
+            registry.register_flow(deployment_id, flow)
+    names = ", ".join(f"{d.flow_name}/{d.name}" for d in deployments)
+    print(f"Your deployments are being served and polling for scheduled runs: {names}", flush=True)
+    try:
+        asyncio.run(runner.start())
+    except (KeyboardInterrupt, TerminationSignal):
+        print("spikeops serve: shutting down", flush=True)
+
+
+def _flow_of(deployment: Any) -> Any:
+    """The flow object a deployment of ours was made from (found by its entrypoint)."""
+    import importlib
+
+    module_name, _, attribute = (getattr(deployment, "entrypoint", "") or "").rpartition(":")
+    if not module_name:
+        return None
+    if module_name.endswith(".py"):  # a file-path entrypoint: flows/incident_response.py
+        module_name = module_name[:-3].replace("/", ".")
+    try:
+        return getattr(importlib.import_module(module_name), attribute, None)
+    except ImportError:
+        return None
 
 
 def runner_poll_s() -> float:

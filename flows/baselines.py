@@ -11,7 +11,9 @@ A cluster whose scheduler cannot be read is not refreshed (a drained node might 
 be baselined in its sick state); the other clusters go on and the run ends failed, naming it.
 """
 
-from __future__ import annotations
+# No `from __future__ import annotations` here: a served run receives the flow object pickled
+# (deployments/warm_start.py), and string annotations would be resolved against the pickled
+# function's globals, which hold only the names its code uses (not `Annotated`, not the types).
 
 import re
 from typing import Any

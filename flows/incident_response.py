@@ -12,7 +12,9 @@ person approves (or the policy auto-approves a confident hardware fault); a job 
 only from a checkpoint that verified; ``dry_run`` runs everything read-only.
 """
 
-from __future__ import annotations
+# No `from __future__ import annotations` here: a served run receives the flow object pickled
+# (deployments/warm_start.py), and string annotations would be resolved against the pickled
+# function's globals, which hold only the names its code uses (not `Annotated`, not the types).
 
 import json
 from dataclasses import replace

@@ -98,6 +98,24 @@ def local_incident(work: Path, cluster_dir: Path, *, nodes: int, first_address: 
                     scheduler.stop(other.job_id, grace=0.5)
 
 
+def _children(pid: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(entry.name))
+        except (OSError, IndexError, ValueError):
+            continue
+    return found
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return (Path("/proc") / str(pid) / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
 def test_alert_to_a_completed_incident_with_real_servers(tmp_path: Path) -> None:
     prefect_port, receiver_port = _free(), _free()
     api = f"http://127.0.0.1:{prefect_port}/api"
@@ -150,6 +168,11 @@ def test_alert_to_a_completed_incident_with_real_servers(tmp_path: Path) -> None
             resumed = [j for j in scheduler.jobs() if j.comment]
             assert len(resumed) == 1 and drained[0] not in resumed[0].nodes
             assert not (tmp_path / "pwned").exists()
+            # the run started warm: forked from serve's forkserver with the flow object, not a
+            # `python -m prefect.engine` that loads the flow from storage again
+            log = (tmp_path / "servers.log").read_text()
+            assert "Downloading flow code from storage" not in log
+            assert any("multiprocessing.forkserver" in _cmdline(pid) for pid in _children(serving.pid))
     finally:
         if serving is not None:
             _stop(serving)
