@@ -34,7 +34,7 @@ TOKEN = "xoxb-bench-token-000000000"
 SYMPTOMS = {"nan": 1, "spike": 5}
 
 
-def one(nodes: int, work: Path, trace: bool = False, symptom: str = "nan") -> dict[str, float]:
+def one(nodes: int, work: Path, trace: bool = False, symptom: str = "nan", start: str = "warm") -> dict[str, float]:
     import subprocess
 
     prefect_port, receiver_port = _free(), _free()
@@ -59,7 +59,8 @@ def one(nodes: int, work: Path, trace: bool = False, symptom: str = "nan") -> di
                     cluster, scheduler, job, config):
                 _wait_http(f"{api}/health", 180, server)
                 serving = subprocess.Popen([str(BIN / "spikeops"), "serve", "--config", str(config),
-                                            "--addr", f"127.0.0.1:{receiver_port}"], env=env, stdout=logs,
+                                            "--addr", f"127.0.0.1:{receiver_port}"]
+                                           + (["--cold-start"] if start == "cold" else []), env=env, stdout=logs,
                                            stderr=subprocess.STDOUT, start_new_session=True)
                 _wait_http(f"http://127.0.0.1:{receiver_port}/healthz", 60, serving)
                 time.sleep(2)  # let `prefect serve` register and start polling
@@ -81,12 +82,13 @@ def one(nodes: int, work: Path, trace: bool = False, symptom: str = "nan") -> di
                         stopped = time.monotonic() - t0
                     time.sleep(0.05)
                 parents = len({m.ts for m in slack.messages if m.thread_ts is None})
+                running = _run_started(api, t0_wall)
                 if trace:  # the run's own clock, then every message of the thread, seconds after the POST
                     _trace_runs(api, t0_wall)
                     for m in slack.messages:
                         print(f"#  {float(m.ts) - t0_wall:7.2f} s  {m.text[:100]!r}", file=sys.stderr)
                 return {"nodes": nodes, "symptom": symptom, "accepted": accepted, "first_message": first, "diagnosis": diagnosis,
-                        "stopped": stopped, "status": status, "threads": parents}
+                        "stopped": stopped, "status": status, "threads": parents, "running": running}
         finally:
             if serving is not None:
                 _stop(serving)
@@ -97,6 +99,18 @@ def one(nodes: int, work: Path, trace: bool = False, symptom: str = "nan") -> di
             import shutil
 
             shutil.rmtree(cluster_dir, ignore_errors=True)
+
+
+def _run_started(api: str, t0_wall: float) -> float | None:
+    """Seconds from the POST to the run's Running state (Prefect's ``start_time``)."""
+    import urllib.request
+    from datetime import datetime
+
+    request = urllib.request.Request(f"{api}/flow_runs/filter", data=b"{}", method="POST",
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=30) as answer:
+        starts = [run["start_time"] for run in json.loads(answer.read()) if run.get("start_time")]
+    return min(datetime.fromisoformat(t.replace("Z", "+00:00")).timestamp() - t0_wall for t in starts) if starts else None
 
 
 def _trace_runs(api: str, t0_wall: float) -> None:
@@ -122,19 +136,23 @@ def main() -> int:
                         help="nan: stopped at once (the grace runs beside collection); spike: a single "
                              "spike, watched first for at most observe_timeout_s = 2 s (default both)")
     parser.add_argument("--trace", action="store_true", help="print every Slack message with its time (stderr)")
+    parser.add_argument("--start", nargs="+", choices=["warm", "cold"], default=["warm"],
+                        help="warm: spikeops serve forks each run from its forkserver (the default); cold: "
+                             "--cold-start, the baseline: Prefect's python -m prefect.engine per run")
     args = parser.parse_args()
-    print("| nodes | symptom | alert accepted (s) | first Slack message (s) | diagnosis in Slack (s) | job stopped (s) "
-          "| threads |")
-    print("| ---: | --- | ---: | ---: | ---: | ---: | ---: |")
-    for nodes, symptom in [(n, s) for n in args.nodes for s in args.symptom]:
+    print("| nodes | symptom | run start | alert accepted (s) | first Slack message (s) | run running (s) "
+          "| diagnosis in Slack (s) | job stopped (s) | threads |")
+    print("| ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for nodes, symptom, start in [(n, s, w) for n in args.nodes for s in args.symptom for w in args.start]:
         if args.trace:  # the work directory is kept, for its servers' log
-            row = one(nodes, Path(tempfile.mkdtemp(prefix="spikeops-bench-incident-")), True, symptom)
+            row = one(nodes, Path(tempfile.mkdtemp(prefix="spikeops-bench-incident-")), True, symptom, start)
         else:
             with tempfile.TemporaryDirectory(prefix="spikeops-bench-incident-") as tmp:
-                row = one(nodes, Path(tmp), symptom=symptom)
+                row = one(nodes, Path(tmp), symptom=symptom, start=start)
         fmt = lambda v: f"{v:.2f}" if isinstance(v, float) else "—"  # noqa: E731
-        print(f"| {nodes} | {symptom} | {fmt(row['accepted'])} | {fmt(row['first_message'])} | {fmt(row['diagnosis'])} | "
-              f"{fmt(row['stopped'])} | {row['threads']} |", flush=True)
+        print(f"| {nodes} | {symptom} | {start} | {fmt(row['accepted'])} | {fmt(row['first_message'])} | "
+              f"{fmt(row['running'])} | {fmt(row['diagnosis'])} | {fmt(row['stopped'])} | {row['threads']} |",
+              flush=True)
     return 0
 
 
