@@ -1,7 +1,7 @@
 """What a Dask worker needs before it runs collection shards: its statistical profiler off.
 
 On Python 3.11 a Dask worker running the shards can deadlock for good (CPython gh-106883,
-reported to Dask as dask/distributed#8616; not fixed in 3.11, gone in 3.12). The worker's
+reported to Dask as dask/distributed#8616; not fixed in 3.11, not seen on 3.12). The worker's
 profiler (``distributed.worker.profile``, on by default) calls ``sys._current_frames()``
 every 10 ms on the worker's event loop while a task runs. In 3.11 that call holds the
 interpreter's thread-list lock (``HEAD_LOCK``) while it makes a frame object for each
