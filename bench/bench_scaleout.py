@@ -18,8 +18,9 @@ culprit not drained. Everything is started once per layout; a fresh world per si
 Part 2, collection of 1,024 simulated nodes (64 sshd on loopback) from inside a flow: the shard
 tasks (48 nodes each, 22 shards) on the flow's thread runner, then on a real ``distributed``
 scheduler with 1 and with 2 worker processes (22 threads in all, so every shard runs at
-once in every layout). Dask is timed warm (a first collection loads prefect and spikeops into
-the workers; its time is printed too).
+once in every layout), ``--dask-runs`` collections one after the other on the same workers
+(the first one cold: it loads prefect and spikeops into the workers). A collection with no
+result within ``--collection-limit`` seconds is reported as hung and ends that layout.
 
 Run by hand: ``python bench/bench_scaleout.py [--sizes 4 8 16] [--layouts ...] [--nodes 1024]``.
 Nothing is asserted; the figures go in the README.
@@ -194,7 +195,7 @@ def part_incidents(sizes: list[int], layouts: list[str]) -> None:
                 layout.stop()
 
 
-def part_collection(nodes: int) -> None:
+def part_collection(nodes: int, runs: int, limit: float) -> None:
     from prefect import flow
     from prefect.testing.utilities import prefect_test_harness
 
@@ -212,22 +213,37 @@ def part_collection(nodes: int) -> None:
             print(f"\n{nodes} simulated nodes up in {time.monotonic() - t0:.0f} s", flush=True)
 
             @flow
-            def collect(bundle: str, dask_scheduler: str | None) -> tuple[float, int]:
+            def collect(bundle: str, dask_scheduler: str | None) -> tuple[float, dict[str, int]]:
                 start = time.monotonic()
                 result = collect_evidence(cluster.inventory, cluster.job, bundle, dask_scheduler=dask_scheduler)
-                return time.monotonic() - start, sum(r.outcome == "ok" for r in result.nodes)
+                return time.monotonic() - start, {k: len(v) for k, v in result.buckets().items() if v}
 
-            print("| shards run on | wall (s) | nodes ok |", flush=True)
-            print("| --- | ---: | ---: |", flush=True)
-            seconds, ok = collect(str(work / "b-threads"), None)
-            print(f"| the flow's threads (one process) | {seconds:.1f} | {ok}/{nodes} |", flush=True)
+            def row(label: str, bundle: str, dask_scheduler: str | None) -> bool:
+                """One collection, in a daemon thread so that a hung one is reported, not waited for."""
+                done: list[tuple[float, dict[str, int]]] = []
+                runner = threading.Thread(target=lambda: done.append(collect(bundle, dask_scheduler)), daemon=True)
+                runner.start()
+                runner.join(limit)
+                if not done:
+                    print(f"| {label} | **hung** (no result in {limit:.0f} s) | - | - |", flush=True)
+                    return False
+                seconds, outcomes = done[0]
+                others = ", ".join(f"{count} {outcome}" for outcome, count in outcomes.items() if outcome != "ok")
+                print(f"| {label} | {seconds:.1f} | {outcomes.get('ok', 0)}/{nodes} | {others or 0} |", flush=True)
+                return True
+
+            print("| shards run on | wall (s) | nodes ok | the others |", flush=True)
+            print("| --- | ---: | ---: | ---: |", flush=True)
+            row("the flow's threads (one process)", str(work / "b-threads"), None)
             shards = -(-nodes // 48)
             for workers in (1, 2):
-                with dask_cluster(work / f"dask-{workers}", workers=workers, threads=-(-shards // workers)) as address:
-                    cold, _ = collect(str(work / f"b-dask-{workers}-cold"), address)
-                    seconds, ok = collect(str(work / f"b-dask-{workers}"), address)
-                print(f"| Dask, {workers} worker process(es) (first, cold: {cold:.1f} s) | {seconds:.1f} | "
-                      f"{ok}/{nodes} |", flush=True)
+                threads = -(-shards // workers)
+                with dask_cluster(work / f"dask-{workers}", workers=workers, threads=threads) as address:
+                    for index in range(runs):
+                        label = (f"Dask, {workers} worker process(es) of {threads} threads, collection {index + 1}"
+                                 + (" (cold)" if index == 0 else " on the same workers"))
+                        if not row(label, str(work / f"b-dask-{workers}-{index}"), address):
+                            break
 
 
 def main() -> int:
@@ -236,11 +252,15 @@ def main() -> int:
     parser.add_argument("--layouts", nargs="+", choices=LAYOUTS, default=list(LAYOUTS))
     parser.add_argument("--nodes", type=int, default=1024, help="nodes for the collection part (0: skip it)")
     parser.add_argument("--skip-incidents", action="store_true")
+    parser.add_argument("--dask-runs", type=int, default=2,
+                        help="consecutive collections on each Dask worker set (the first one cold)")
+    parser.add_argument("--collection-limit", type=float, default=900,
+                        help="seconds a collection may take before it is reported as hung")
     args = parser.parse_args()
     if not args.skip_incidents:
         part_incidents(args.sizes, args.layouts)
     if args.nodes:
-        part_collection(args.nodes)
+        part_collection(args.nodes, args.dask_runs, args.collection_limit)
     return 0
 
 

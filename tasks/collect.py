@@ -65,12 +65,19 @@ def collection_table(results: list[NodeResult]) -> list[dict[str, Any]]:
 Submit = Callable[[Any, dict[str, Any]], Any]
 
 
+def _first_line(exc: BaseException) -> str:
+    return str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+
+
 @contextmanager
 def shard_runner(dask_scheduler: str | None = None) -> Iterator[Submit]:
     """``submit(task, parameters) -> future`` for the shards: the flow's own task runner, or
     a ``DaskTaskRunner`` connected to ``dask_scheduler``. A Dask scheduler that does not
     answer within ``DASK_CONNECT_TIMEOUT_S`` is logged and the flow's runner is used: the
-    evidence rotates away while we wait, and an orchestration choice must not cost it."""
+    evidence rotates away while we wait, and an orchestration choice must not cost it.
+    Before the first shard every worker's profiler is stopped (``tasks.dask_worker``: on
+    Python 3.11 it can deadlock a worker that runs shards); workers that cannot be prepared
+    so are treated as a scheduler that does not answer."""
     def local(shard_task: Any, parameters: dict[str, Any]) -> Any:
         return shard_task.submit(**parameters)
 
@@ -79,6 +86,8 @@ def shard_runner(dask_scheduler: str | None = None) -> Iterator[Submit]:
         return
     from prefect_dask import DaskTaskRunner
 
+    from tasks.dask_worker import NoProfiler
+
     runner = DaskTaskRunner(address=dask_scheduler, client_kwargs={"timeout": f"{DASK_CONNECT_TIMEOUT_S}s"})
     runner.__enter__()
     try:
@@ -86,7 +95,16 @@ def shard_runner(dask_scheduler: str | None = None) -> Iterator[Submit]:
     except (OSError, TimeoutError) as exc:
         runner.__exit__(None, None, None)
         get_run_logger().warning("Dask scheduler %s did not answer (%s): collecting with the flow's threads",
-                                 dask_scheduler, str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__)
+                                 dask_scheduler, _first_line(exc))
+        yield local
+        return
+    try:
+        # Before any shard: a worker's profiler can deadlock it for good (tasks/dask_worker.py).
+        runner.client.register_plugin(NoProfiler())
+    except Exception as exc:  # a worker that cannot load the plugin would hang or fail the shards
+        runner.__exit__(None, None, None)
+        get_run_logger().warning("Dask workers at %s could not be prepared (%s): collecting with the flow's "
+                                 "threads", dask_scheduler, _first_line(exc))
         yield local
         return
     try:

@@ -163,8 +163,9 @@ def _free_port() -> int:
 def dask_cluster(work: Path, workers: int = 2, threads: int = 2,
                  env: Mapping[str, str] | None = None) -> Iterator[str]:
     """A real ``distributed`` scheduler and ``workers`` worker processes on loopback, as
-    ``dask scheduler`` / ``dask worker`` start them on real machines; yields the scheduler's
-    address once every worker has joined. Stopped (by pid) on the way out."""
+    ``dask scheduler`` / ``dask worker`` start them on real machines, running this checkout's
+    code; yields the scheduler's address once every worker has joined. Stopped (by pid) on
+    the way out."""
     from distributed import Client
 
     work.mkdir(parents=True, exist_ok=True)
@@ -172,6 +173,10 @@ def dask_cluster(work: Path, workers: int = 2, threads: int = 2,
     port = _free_port()
     address = f"tcp://127.0.0.1:{port}"
     environment = dict(env if env is not None else os.environ)
+    # The workers unpickle the shard task by reference: this checkout's tasks and spikeops,
+    # as the flow uses, not whichever copy the virtualenv's editable install points at.
+    root = str(Path(__file__).resolve().parents[1])
+    environment["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [environment.get("PYTHONPATH")])])
     processes: list[subprocess.Popen[bytes]] = []
     logs = open(work / "dask.log", "ab")  # noqa: SIM115 - closed below
     try:

@@ -5,6 +5,7 @@ the thread-backed one, byte for byte; ``collect_runner`` in spikeops.toml choose
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,9 @@ pytest.importorskip("prefect_dask")
 
 #: What differs between two collections of the same nodes: when each probe ran and how long it took.
 TIMING = {"started", "seconds", "finished"}
+#: Nodes of the repeated-collection test, and how long one collection of them may take here.
+NODES = 192
+COLLECTION_LIMIT_S = 90
 
 
 def _untimed(value: object) -> object:
@@ -57,19 +61,76 @@ def test_a_dask_collection_equals_the_thread_collection_byte_for_byte(tmp_path: 
     assert sum(outcome == "unreachable" for _, outcome in dask) == 1  # the refused node, recorded the same way
     # five shards of at most two nodes, spread over both worker processes
     assert sorted(executed.values()) != [0, 5] and sum(executed.values()) == 5, executed
-    # What the shards wrote: every node's evidence, byte for byte; probes.json without its clock.
-    one, other = _files(tmp_path / "threads" / "nodes"), _files(tmp_path / "dask-bundle" / "nodes")
-    assert sorted(one) == sorted(other) and sum(name.endswith("kernel.log") for name in one) == 8
+    assert sum(name.endswith("kernel.log") for name in _files(tmp_path / "threads" / "nodes")) == 8
+    _assert_same_evidence(tmp_path / "threads", tmp_path / "dask-bundle")
+
+
+def _assert_same_evidence(one_bundle: Path, other_bundle: Path) -> None:
+    """What the shards wrote: every node's evidence, byte for byte (probes.json without its
+    clock), and the record of the collection as a whole, but for where each bundle is."""
+    one, other = _files(one_bundle / "nodes"), _files(other_bundle / "nodes")
+    assert sorted(one) == sorted(other)
     for name, data in one.items():
         if name.endswith("probes.json"):
             assert _untimed(json.loads(data)) == _untimed(json.loads(other[name])), name
         else:
             assert data == other[name], name
-    # ... and the record of the collection as a whole, but for where each bundle is
-    records = [_untimed(json.loads((tmp_path / name / "collection.json").read_text())) for name in ("threads",
-                                                                                                    "dask-bundle")]
-    assert [r.pop("bundle") for r in records] == [str(tmp_path / "threads"), str(tmp_path / "dask-bundle")]
+    records = [_untimed(json.loads((bundle / "collection.json").read_text())) for bundle in (one_bundle, other_bundle)]
+    assert [r.pop("bundle") for r in records] == [str(one_bundle), str(other_bundle)]
     assert records[0] == records[1]
+
+
+def test_consecutive_dask_collections_on_the_same_workers_all_finish(tmp_path: Path, prefect_server: None) -> None:
+    """The benchmark's second 1,024-node collection on a reused worker hung (issue 20): on
+    Python 3.11 the worker's statistical profiler (``sys._current_frames()``) can deadlock
+    with the threads a shard starts and ends (CPython gh-106883; tasks/dask_worker.py). It
+    is a race: here two shards of 96 nodes, 64 at once each, run with the profiler sampling
+    every millisecond rather than every 10, so that three collections on the same two worker
+    processes meet it as a thousand nodes did. Each must finish, with the thread-backed
+    evidence byte for byte, and the profiler must be off on both workers."""
+    import os
+    import threading
+
+    from distributed import Client
+    from prefect import flow
+
+    from tasks.collect import collect_evidence
+
+    port = simcluster.free_port(("127.16.21.11",))
+    environment = dict(os.environ, DASK_DISTRIBUTED__WORKER__PROFILE__INTERVAL="1ms")
+    with simcluster.running(tmp_path / "c", nodes=NODES, port=port, first_address="127.16.21.11") as cluster, \
+            dask_cluster(tmp_path / "dask", workers=2, threads=1, env=environment) as address, \
+            Client(address) as client:
+        inventory = Path(cluster.inventory)  # handshakes of 128 nodes at once on 2 cores can take over 5 s
+        inventory.write_text(inventory.read_text().replace("connect_timeout = 5", "connect_timeout = 30"))
+
+        @flow
+        def collect(bundle: str, dask_scheduler: str | None) -> list[str]:
+            result = collect_evidence(cluster.inventory, cluster.job, bundle, shard_size=NODES // 2,
+                                      dask_scheduler=dask_scheduler)
+            return [r.outcome for r in result.nodes]
+
+        def within(seconds: float, bundle: Path, dask_scheduler: str | None) -> list[str]:
+            done: list[list[str]] = []
+            # a daemon thread: a deadlocked worker must fail the test, not hang it
+            runner = threading.Thread(target=lambda: done.append(collect(str(bundle), dask_scheduler)), daemon=True)
+            runner.start()
+            runner.join(seconds)
+            assert done, f"the collection into {bundle.name} did not finish in {seconds:.0f} s (a worker hung?)"
+            return done[0]
+
+        assert within(COLLECTION_LIMIT_S, tmp_path / "threads", None) == ["ok"] * NODES
+        pids = client.run(os.getpid)
+        for index in range(3):
+            before = client.run(lambda dask_worker: dask_worker.state.executed_count)
+            outcomes = within(COLLECTION_LIMIT_S, tmp_path / f"dask-{index}", address)
+            executed = client.run(lambda dask_worker: dask_worker.state.executed_count)
+            assert outcomes == ["ok"] * NODES, index
+            assert sum(executed.values()) - sum(before.values()) == 2, (index, before, executed)  # its two shards
+            _assert_same_evidence(tmp_path / "threads", tmp_path / f"dask-{index}")
+        assert client.run(os.getpid) == pids  # the same two worker processes all along
+        profiling = client.run(lambda dask_worker: dask_worker.periodic_callbacks["profile"].is_running())
+    assert list(profiling.values()) == [sys.version_info >= (3, 12)] * 2
 
 
 def test_an_unreachable_dask_scheduler_falls_back_to_threads(tmp_path: Path, prefect_server: None) -> None:
