@@ -15,7 +15,8 @@ _PROBE = textwrap.dedent("""
 
     def child(queue):
         # what the run's process holds before it imports anything itself
-        queue.put({"flow": "flows.incident_response" in sys.modules, "prefect": "prefect.flow_engine" in sys.modules})
+        queue.put({"flow": "flows.incident_response" in sys.modules, "prefect": "prefect.flow_engine" in sys.modules,
+                   "diagnosis": "spikeops.diagnosis.engine" in sys.modules})
 
     if __name__ == "__main__":
         enable = sys.argv[1] == "warm"
@@ -46,9 +47,11 @@ def _run(tmp_path: Path, mode: str) -> dict[str, object]:
 
 def test_a_run_process_starts_with_the_flow_already_imported(tmp_path: Path) -> None:
     got = _run(tmp_path, "warm")
-    assert got == {"method": "forkserver", "enabled": True, "flow": True, "prefect": True}
+    assert got == {"method": "forkserver", "enabled": True, "flow": True, "prefect": True,
+                   "diagnosis": True}
 
 
 def test_without_it_the_runner_spawns_a_bare_interpreter(tmp_path: Path) -> None:
     got = _run(tmp_path, "cold")
-    assert got == {"method": "spawn", "enabled": False, "flow": False, "prefect": False}
+    assert got == {"method": "spawn", "enabled": False, "flow": False, "prefect": False,
+                   "diagnosis": False}
