@@ -1,8 +1,8 @@
 """The incident flow: the seed's pipeline, one stage per call.
 
-preflight -> open the incident -> collect the evidence (started here, gathered before the
-diagnosis) -> classify the symptom -> protect the run -> diagnose -> decide (the approval gate)
--> isolate and resume -> tell.
+preflight -> open the incident -> classify the symptom -> collect the evidence (started here,
+gathered before the diagnosis) -> protect the run -> diagnose -> decide (the approval gate) ->
+isolate and resume -> tell.
 
 Each stage lives in ``tasks/`` under its name; the decisions (the rapid-response matrix, the
 approval policy, whether to resume) are pure functions in ``spikeops.response``. Every stage
@@ -113,13 +113,13 @@ def _respond(settings: IncidentSettings, slots: IncidentSlots, logger: Any) -> d
     key = incident.lower()
     notifier = None if "notify" in skip else SlackNotifier(bundle, channel=settings.slack_channel)
     incident_doc = json.loads((Path(bundle) / "incident.json").read_text())
+    # classify (a tenth of a second of CPU: done before the collection's threads compete for it)
+    symptom = classify_symptom(bundle)
     # collect: started now, before the job is signalled or watched; the nodes answer while the
-    # flow classifies and protects, and nothing waits for them until the diagnosis
+    # flow protects, and nothing waits for them until the diagnosis
     nodes = list(incident_doc["job"]["nodes"] or [])
     collecting = None if "collect" in skip else start_incident_collection(
         settings.inventory, job, bundle, nodes, incident, dask_scheduler=settings.dask_scheduler)
-    # classify
-    symptom = classify_symptom(bundle)
     label_run(job, symptom["symptom"], cluster=settings.cluster)
     if notifier:
         notifier.open(incident_doc, symptom=symptom["symptom"], spike_step=symptom["spike_step"], links=links)
