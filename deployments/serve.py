@@ -156,7 +156,9 @@ def serve(config: SpikeopsConfig, addr: str | None = None, *, warm_start: bool =
     if warm_start:  # before the receiver and the runner start their threads
         from deployments import warm_start as warm
 
-        warm.enable()
+        warm_start = warm.enable()
+        if not warm_start:
+            print("spikeops serve: this Prefect or platform has no forkserver hook; runs start cold", flush=True)
     app = create_app(prefect_starter(config), receiver, emit=prefect_emitter())
     server = uvicorn.Server(server_config(app, host, int(port)))
     freeze_heap()  # the heap of everything imported so far, out of a storm's collections
@@ -178,13 +180,17 @@ def run_served(deployments: list[Any], *, warm: bool) -> None:
 
     runner = Runner(pause_on_shutdown=True, query_seconds=runner_poll_s())
     registry = getattr(runner, "_deployment_registry", None)
+    cold = []
     for deployment in deployments:
         deployment_id = runner.add_deployment(deployment)
         flow = _flow_of(deployment)
         if warm and flow is not None and hasattr(registry, "register_flow"):
             registry.register_flow(deployment_id, flow)
+        else:
+            cold.append(deployment.name)
     names = ", ".join(f"{d.flow_name}/{d.name}" for d in deployments)
-    print(f"Your deployments are being served and polling for scheduled runs: {names}", flush=True)
+    print(f"Your deployments are being served and polling for scheduled runs: {names}"
+          + (f" (runs of {', '.join(cold)} start cold: python -m prefect.engine)" if cold else ""), flush=True)
     try:
         asyncio.run(runner.start())
     except (KeyboardInterrupt, TerminationSignal):

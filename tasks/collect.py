@@ -34,7 +34,7 @@ from spikeops.collect.collector import (
 )
 from spikeops.inventory import expand_nodes, load_inventory
 
-__all__ = ["collect_shard", "collect_evidence", "collect_incident", "collection_table", "shard_runner",
+__all__ = ["collect_shard", "collect_evidence", "collection_table", "shard_runner",
            "PendingCollection", "start_collection", "start_incident_collection", "finish_incident_collection",
            "DEFAULT_SHARD_SIZE", "DASK_CONNECT_TIMEOUT_S"]
 
@@ -192,12 +192,3 @@ def finish_incident_collection(pending: PendingCollection, *, notifier: Any) -> 
         notifier.stage("collect", f"collected {len(buckets['ok'])}/{len(collected.nodes)} nodes"
                        + "".join(f"; {k}: {len(v)}" for k, v in buckets.items() if v and k != "ok"))
     return collected
-
-
-def collect_incident(inventory_path: str, job: str, bundle: str, nodes: list[str], incident: str, *,
-                     notifier: Any, dask_scheduler: str | None = None) -> CollectResult:
-    """The incident's collection from start to end (``start_incident_collection`` and
-    ``finish_incident_collection``)."""
-    return finish_incident_collection(
-        start_incident_collection(inventory_path, job, bundle, nodes, incident, dask_scheduler=dask_scheduler),
-        notifier=notifier)
