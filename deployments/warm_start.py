@@ -35,9 +35,6 @@ PRELOAD = ("prefect.flow_engine", "flows.incident_response", "flows.baselines", 
            "spikeops.diagnosis.engine", "spikeops.collect.collector", "spikeops.schedulers", "spikeops.notify",
            "spikeops.notify.report", "spikeops.notify.plot", "spikeops.replay", "spikeops.response")
 
-_state: dict[str, Any] = {}
-
-
 class _ForkserverModule(types.ModuleType):
     """``multiprocessing`` as ``prefect.flow_engine`` sees it: the same module, except that the
     context it asks for (``spawn``) is the forkserver's."""
@@ -57,7 +54,7 @@ def enable(preload: Sequence[str] = PRELOAD) -> bool:
     """Start the forkserver now (it imports ``preload`` once) and make the runner fork served
     runs from it. False, and Prefect's spawn kept, when this Prefect has no such hook or the
     platform no forkserver."""
-    if _state:
+    if enabled():
         return True
     try:
         from prefect import flow_engine
@@ -73,13 +70,14 @@ def enable(preload: Sequence[str] = PRELOAD) -> bool:
 
     forkserver.ensure_running()  # the imports happen here, before the first alert, not in it
     flow_engine.multiprocessing = _ForkserverModule(context)  # type: ignore[attr-defined]
-    _state["context"] = context
     return True
 
 
 def enabled() -> bool:
     """Whether served runs are forked from the warm server process."""
-    return bool(_state)
+    from prefect import flow_engine
+
+    return isinstance(getattr(flow_engine, "multiprocessing", None), _ForkserverModule)
 
 
 def _importable(module: str) -> bool:

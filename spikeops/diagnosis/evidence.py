@@ -851,7 +851,7 @@ def with_fresh_checkpoints(facts: BundleFacts) -> BundleFacts:
     checkpoints, gaps = read_checkpoints(facts.path)
     old = [i for i, m in enumerate(facts.missing) if m.startswith("checkpoints.json: ")]
     at = old[0] if old else len(facts.missing)  # where load_bundle put them, so the order is the same
-    kept = [m for i, m in enumerate(facts.missing) if i not in set(old)]
+    kept = [m for m in facts.missing if not m.startswith("checkpoints.json: ")]
     return replace(facts, checkpoints=checkpoints, missing=kept[:at] + gaps + kept[at:])
 
 

@@ -539,9 +539,11 @@ def _snake(name: str) -> str:
 
 def _norm(key: str) -> str:
     low = key.lower()
-    if "  " in low or "\t" in low or low[:1].isspace() or low[-1:].isspace():
-        return " ".join(low.split())
-    return low  # the common case, one call per line of a 2,000-line report
+    # the common case, one call per line of a 2,000-line report: printable (no tab, no other
+    # whitespace than spaces), single-spaced and trimmed, so split and join would not change it
+    if low.isprintable() and "  " not in low and low[:1] != " " and low[-1:] != " ":
+        return low
+    return " ".join(low.split())
 
 
 _BUS_ID = re.compile(
