@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from demo import SCENARIOS, default_seed  # noqa: E402
+from spikeops.demo import SCENARIOS, default_seed  # noqa: E402
 from spikeops.inventory import fold_nodes  # noqa: E402
 from spikeops.sim import build_bundle  # noqa: E402
 

@@ -6,7 +6,7 @@ times each answer:
 
 - a real `prefect server start` (SQLite in a temporary PREFECT_HOME), the incident deployment
   registered on it;
-- the real receiver (`deployments.receiver.create_app` with `tasks.start.prefect_starter` and
+- the real receiver (`spikeops.deployments.receiver.create_app` with `spikeops.tasks.start.prefect_starter` and
   the Prefect event emitter, served as `spikeops serve` serves it: `receiver_http.server_config`,
   the frozen heap) in its own process (`tests/receiver_process.py`), which counts its calls to the
   starter, every HTTP request it makes to the Prefect API and the events it emits;
@@ -229,7 +229,7 @@ def sustained_wrk(work: Path, port: int, alert: dict[str, Any], connections: int
 def serve_floor(kind: str, port: int) -> None:
     """``raw``: an asyncio protocol on uvloop, httptools parsing, one write of a fixed 202.
     ``asgi``: a no-op ASGI app under uvicorn's own httptools protocol, same uvicorn settings."""
-    from deployments.receiver_http import freeze_heap, server_config
+    from spikeops.deployments.receiver_http import freeze_heap, server_config
 
     payload = (b'{"accepted": [{"job": "4412", "status": "firing", "flow_run": "00000000-0000-0000-0000-000000000000",'
                b' "idempotency_key": "alert-00000000000000000000000000000000", "start": "floor"}]}')

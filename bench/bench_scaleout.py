@@ -200,7 +200,7 @@ def part_collection(nodes: int, runs: int, limit: float) -> None:
     from prefect.testing.utilities import prefect_test_harness
 
     from spikeops.sim import cluster as simcluster
-    from tasks.collect import collect_evidence
+    from spikeops.tasks.collect import collect_evidence
 
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     shm = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())

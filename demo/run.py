@@ -249,7 +249,7 @@ def _free_port() -> int:
 
 
 class _AlertInbox:
-    """The real receiver (``deployments.receiver.create_app``, under uvicorn on loopback) whose
+    """The real receiver (``spikeops.deployments.receiver.create_app``, under uvicorn on loopback) whose
     starter hands each firing alert of the demo's job to the demo, which runs the flow itself
     (its printer and approver follow it there); an alert for another job is refused (400)."""
 
@@ -258,7 +258,7 @@ class _AlertInbox:
 
         import uvicorn
 
-        from deployments.receiver import ReceiverConfig, create_app
+        from spikeops.deployments.receiver import ReceiverConfig, create_app
 
         self.job: str | None = None
         self.alerts: queue.Queue[Any] = queue.Queue()
@@ -475,6 +475,9 @@ def _real_job(scenario: str, nodes: list[str], run_dir: Path, say: Callable[[str
     """A real PyTorch job (examples/train_tiny.py, gloo on CPU, one process per node) with the
     scenario's fault; its checkpoints (with manifests) are its own."""
     example = Path(__file__).resolve().parents[1] / "examples" / "train_tiny.py"
+    if not example.is_file():  # an installed spikeops: the example job lives in the repository
+        raise RuntimeError(f"the {scenario} scenario runs examples/train_tiny.py from a spikeops checkout; "
+                           "this installation has none (the other scenarios need no checkout)")
     bad = nodes[1]
     fault = {"sdc_persistent": ["--inject-flip", bad, "--flip-from", str(_REAL_FAULT)],
              "sdc_transient": ["--inject-flip", bad, "--flip-from", str(_REAL_FAULT), "--flip-once"],
@@ -552,7 +555,7 @@ def _run_flow(options: DemoOptions, directory: Path, cluster: Any, job: str, run
               stack: ExitStack, *, checkpoint_root: Path, replay: bool = False) -> dict[str, Any]:
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    from flows.incident_response import IncidentOverrides, incident_response
+    from spikeops.flows.incident_response import IncidentOverrides, incident_response
 
     incident = f"inc-demo-{options.scenario.replace('_', '-')}"
     overrides = IncidentOverrides(

@@ -29,21 +29,21 @@ def baseline_deployment(config: SpikeopsConfig | None = None, interval_s: float 
                         cluster: str | None = None) -> Any:
     """A ``RunnerDeployment`` of ``refresh-baselines`` on an interval schedule, concurrency 1.
     With ``cluster``: ``refresh-baselines/CLUSTER`` for that cluster alone, on its work pool
-    (``deployments.pools``), named by module for the pool's workers."""
+    (``spikeops.deployments.pools``), named by module for the pool's workers."""
     from prefect.client.schemas.objects import ConcurrencyLimitConfig, ConcurrencyLimitStrategy
     from prefect.deployments.runner import EntrypointType
 
-    from flows.baselines import refresh_baselines_flow
+    from spikeops.flows.baselines import refresh_baselines_flow
 
     if not interval_s or interval_s <= 0:
         raise ValueError(f"interval_s must be positive, not {interval_s!r}")
     parameters: dict[str, Any] = {"config": str(config.path)} if config is not None and config.path is not None else {}
-    placement: dict[str, Any] = {}
+    placement: dict[str, Any] = {"entrypoint_type": EntrypointType.MODULE_PATH}  # never a cwd-relative path
     if cluster is not None:
-        from deployments.pools import pool_name
+        from spikeops.deployments.incident import pool_name
 
         parameters = {"clusters": cluster}  # the worker's $SPIKEOPS_CONFIG, not this machine's path
-        placement = {"work_pool_name": pool_name(cluster), "entrypoint_type": EntrypointType.MODULE_PATH}
+        placement["work_pool_name"] = pool_name(cluster)
     return refresh_baselines_flow.to_deployment(
         name=cluster or "refresh-baselines", interval=interval_s, parameters=parameters,
         concurrency_limit=ConcurrencyLimitConfig(limit=1, collision_strategy=ConcurrencyLimitStrategy.CANCEL_NEW),

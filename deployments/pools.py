@@ -5,13 +5,13 @@ Slurm login), so each cluster of ``spikeops.toml`` gets its own pool, ``spikeops
 served by workers that run near it, and its own deployment of the incident flow,
 ``incident-response/CLUSTER``, whose ``cluster`` parameter is fixed to that cluster. The alert
 receiver (``spikeops serve --receiver-only``) starts the deployment of the alert's cluster
-(``tasks.start.CLUSTER_DEPLOYMENT``), so an alert about the east cluster can only run on
+(``spikeops.tasks.start.CLUSTER_DEPLOYMENT``), so an alert about the east cluster can only run on
 east's workers. A cluster with a ``baseline_dir`` gets ``refresh-baselines/CLUSTER`` on its
 pool too.
 
-The deployments name the flows by module (``flows.incident_response.incident_response``), not
+The deployments name the flows by module (``spikeops.flows.incident_response.incident_response``), not
 by file: the workers run the spikeops installed beside them, whatever their working directory,
-and need no pull step. ``infra/prefect/up`` (``deployments.topology``) calls ``deploy``;
+and need no pull step. ``infra/prefect/up`` (``spikeops.deployments.topology``) calls ``deploy``;
 ``prefect.yaml`` is the same for teams that deploy with the Prefect CLI.
 """
 
@@ -20,26 +20,19 @@ from __future__ import annotations
 from typing import Any
 
 from spikeops.config import SpikeopsConfig
-from tasks.start import CLUSTER_DEPLOYMENT, cluster_deployment_name
+from spikeops.deployments.incident import (POOL_PREFIX, describe_parameters, ensure_incident_limit, pool_name,
+                                           restrict_clusters)
+from spikeops.tasks.start import CLUSTER_DEPLOYMENT, cluster_deployment_name
 
 __all__ = ["POOL_PREFIX", "pool_name", "cluster_deployment", "ensure_pool", "deploy", "missing_deployments",
            "CLUSTER_DEPLOYMENT"]
-
-POOL_PREFIX = "spikeops-"
-
-
-def pool_name(cluster: str) -> str:
-    """The work pool of one cluster."""
-    return f"{POOL_PREFIX}{cluster}"
-
 
 def cluster_deployment(config: SpikeopsConfig, cluster: str) -> Any:
     """``incident-response/CLUSTER`` on the cluster's pool: the run form asks only for the job
     id (the cluster is fixed), and the run's worker finds the rest in its spikeops.toml."""
     from prefect.deployments.runner import EntrypointType
 
-    from deployments.serve import describe_parameters, restrict_clusters
-    from flows.incident_response import incident_response
+    from spikeops.flows.incident_response import incident_response
 
     if cluster not in config.clusters:
         raise ValueError(f"cluster {cluster!r} is not configured")
@@ -78,8 +71,7 @@ def ensure_pool(name: str) -> bool:
 def deploy(config: SpikeopsConfig) -> dict[str, list[str]]:
     """Every cluster's pool and deployments, and the shared incident limit; returns each
     pool's deployments (full names). Idempotent: a second call updates them in place."""
-    from deployments.baselines import baseline_deployment
-    from deployments.serve import ensure_incident_limit
+    from spikeops.deployments.baselines import baseline_deployment
 
     if not config.clusters:
         raise ValueError("no [clusters.NAME] configured: nothing to deploy")

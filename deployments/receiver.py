@@ -34,7 +34,7 @@ Only a request that starts the flow, or a resolved alert, is emitted as a Prefec
 
 A copy of a body already parsed is answered without parsing it again (``_FastPath``: its
 credentials, a lookup of the body, an answer rendered once), in raw ASGI in front of FastAPI, and in
-``spikeops serve`` before uvicorn ever sees it (``deployments.receiver_http``).
+``spikeops serve`` before uvicorn ever sees it (``spikeops.deployments.receiver_http``).
 """
 
 from __future__ import annotations
@@ -280,7 +280,7 @@ class _FastPath:
 
     Two layers use it: this raw ASGI layer in front of FastAPI (under any ASGI server, and for
     a connection uvicorn's own protocol serves), and, in ``spikeops serve``, the HTTP protocol in
-    front of uvicorn's (``deployments.receiver_http``), which answers a copy before uvicorn ever
+    front of uvicorn's (``spikeops.deployments.receiver_http``), which answers a copy before uvicorn ever
     sees it."""
 
     def __init__(self, config: ReceiverConfig, flight: SingleFlight, size: int = 1024) -> None:

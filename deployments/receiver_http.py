@@ -2,7 +2,7 @@
 it, and the heap kept out of the garbage collector's way.
 
 A storm is 1,000 copies of one alert at once, each on its own connection, and all of them but
-the first are answered from the receiver's memory (``deployments.receiver``: ``SingleFlight``
+the first are answered from the receiver's memory (``spikeops.deployments.receiver``: ``SingleFlight``
 and the fast path). What is left to pay per copy is the HTTP server, and on this 2-core machine
 uvicorn's cost of one ASGI request (a scope, a request-response cycle, an event, a task, two
 writes), with the receiver answering in raw ASGI, was about 40 µs of Python, several times the

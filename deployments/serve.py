@@ -2,10 +2,10 @@
 
 ``incident_deployment()`` is the flow as a served deployment: up to ``[incidents]
 max_concurrent`` incidents act at once, never two of one job (limits the flow holds itself,
-``tasks.concurrency``).
-The receiver starts runs with ``tasks.start.prefect_starter`` (shared with the watcher).
+``spikeops.tasks.concurrency``).
+The receiver starts runs with ``spikeops.tasks.start.prefect_starter`` (shared with the watcher).
 ``serve_receiver`` is the receiver alone, for the layout where each cluster's workers run the
-flows (``deployments.pools``, ``infra/prefect/up``).
+flows (``spikeops.deployments.pools``, ``infra/prefect/up``).
 """
 
 from __future__ import annotations
@@ -15,63 +15,13 @@ from collections.abc import Callable
 from typing import Any
 
 from spikeops.config import SpikeopsConfig
-from tasks.start import CLUSTER_DEPLOYMENT, DEPLOYMENT_NAME, prefect_starter
+from spikeops.tasks.start import CLUSTER_DEPLOYMENT, DEPLOYMENT_NAME, prefect_starter
+
+from spikeops.deployments.incident import (describe_parameters, ensure_incident_limit, incident_deployment,
+                                           restrict_clusters)
 
 __all__ = ["DEPLOYMENT_NAME", "incident_deployment", "describe_parameters", "restrict_clusters", "prefect_emitter",
            "serve", "serve_receiver"]
-
-
-def incident_deployment(config: SpikeopsConfig | None = None) -> Any:
-    """The incident flow as a deployment. No deployment ``concurrency_limit``: Prefect gives
-    a deployment slot back when its run pauses and then kills the run when the slot's lease
-    cannot be renewed, so an incident waiting for a person would crash; the flow holds its own
-    limits instead (``tasks.concurrency``: at most ``max_concurrent`` working, one per job). With
-    a configuration, the run form offers its clusters as a choice."""
-    from flows.incident_response import incident_response
-
-    deployment = incident_response.to_deployment(name="incident-response", tags=["spikeops", "incident"],
-                                                 description="One incident end to end (docs/flow.md)")
-    schema = deployment._parameter_openapi_schema
-    describe_parameters(schema)
-    if config is not None and config.clusters:
-        restrict_clusters(schema, sorted(config.clusters))
-    return deployment
-
-
-def describe_parameters(schema: Any) -> None:
-    """The run form's titles and help for the incident flow's three parameters."""
-    for name, title, description in (
-            ("job_id", "Job id", "the scheduler's job id, e.g. 4412"),
-            ("cluster", "Cluster", "which cluster of spikeops.toml the job runs on"),
-            ("overrides", "Overrides (optional)", "leave empty: spikeops.toml has everything")):
-        schema.properties[name].update({"title": title, "description": description})
-
-
-def restrict_clusters(schema: Any, clusters: list[str]) -> None:
-    """The ``cluster`` parameter becomes a required choice among ``clusters`` (the run form
-    shows a list; with one cluster it is already chosen)."""
-    field = schema.properties["cluster"]
-    field.pop("anyOf", None)
-    field.pop("default", None)
-    field.update({"type": "string", "enum": clusters})
-    if len(clusters) == 1:
-        field["default"] = clusters[0]
-    schema.required = sorted(set(schema.required or []) | {"cluster"})
-
-
-def ensure_incident_limit(config: SpikeopsConfig) -> None:
-    """The shared limit (``spikeops-incidents``) at the configured size, before any run."""
-    from prefect import get_client
-    from prefect.client.schemas.actions import GlobalConcurrencyLimitUpdate
-
-    from tasks.concurrency import INCIDENTS_LIMIT, ensure_limit
-
-    ensure_limit(INCIDENTS_LIMIT, config.max_concurrent)
-    with get_client(sync_client=True) as client:
-        current = client.read_global_concurrency_limit_by_name(INCIDENTS_LIMIT)
-        if current.limit != config.max_concurrent:
-            client.update_global_concurrency_limit(INCIDENTS_LIMIT, GlobalConcurrencyLimitUpdate(
-                limit=config.max_concurrent))
 
 
 def check_api() -> str:
@@ -106,12 +56,12 @@ def prefect_emitter() -> Callable[[Any], None]:
 def serve_receiver(config: SpikeopsConfig, addr: str | None = None) -> None:
     """The receiver alone (``spikeops serve --receiver-only``): each alert starts its
     cluster's deployment, ``incident-response/CLUSTER``, which that cluster's workers run
-    (``deployments.pools``; ``infra/prefect/up`` deploys them). Refuses to start, with one
+    (``spikeops.deployments.pools``; ``infra/prefect/up`` deploys them). Refuses to start, with one
     line, while a cluster has no deployment: each of its alerts would fail."""
     import uvicorn
 
-    from deployments.pools import missing_deployments
-    from deployments.receiver import ReceiverConfig, check_bind, create_app
+    from spikeops.deployments.pools import missing_deployments
+    from spikeops.deployments.receiver import ReceiverConfig, check_bind, create_app
 
     host, _, port = (addr or config.receiver_addr).rpartition(":")
     receiver = ReceiverConfig.from_env()
@@ -120,7 +70,7 @@ def serve_receiver(config: SpikeopsConfig, addr: str | None = None) -> None:
     missing = missing_deployments(config)
     if missing:
         raise ValueError(f"no deployment {', '.join(missing)} on the Prefect server: deploy the clusters' "
-                         "work pools first (infra/prefect/up, or python -m deployments.topology deploy)")
+                         "work pools first (infra/prefect/up, or python -m spikeops.deployments.topology deploy)")
     ensure_incident_limit(config)
     app = create_app(prefect_starter(config, CLUSTER_DEPLOYMENT), receiver, emit=prefect_emitter())
     uvicorn.Server(uvicorn.Config(app, host=host, port=int(port), log_level="warning")).run()
@@ -129,18 +79,18 @@ def serve_receiver(config: SpikeopsConfig, addr: str | None = None) -> None:
 def serve(config: SpikeopsConfig, addr: str | None = None, *, warm_start: bool = True) -> None:
     """The receiver (uvicorn, in a thread) and the flow's deployment (``prefect.serve``); with
     ``warm_start`` each run is forked from a process that has already imported the flow
-    (``deployments.warm_start``) instead of a new interpreter importing Prefect."""
+    (``spikeops.deployments.warm_start``) instead of a new interpreter importing Prefect."""
     import os
 
     import uvicorn
 
-    from deployments.receiver import ReceiverConfig, check_bind, create_app
-    from deployments.receiver_http import freeze_heap, server_config
+    from spikeops.deployments.receiver import ReceiverConfig, check_bind, create_app
+    from spikeops.deployments.receiver_http import freeze_heap, server_config
 
     host, _, port = (addr or config.receiver_addr).rpartition(":")
     receiver = ReceiverConfig.from_env()
     check_bind(host, receiver)
-    from deployments.baselines import baseline_deployment, wants_baselines
+    from spikeops.deployments.baselines import baseline_deployment, wants_baselines
 
     if config.path is not None:  # the served runs (subprocesses) read the same file
         os.environ["SPIKEOPS_CONFIG"] = str(config.path)
@@ -154,7 +104,7 @@ def serve(config: SpikeopsConfig, addr: str | None = None, *, warm_start: bool =
     for deployment in deployments:
         deployment.apply()
     if warm_start:  # before the receiver and the runner start their threads
-        from deployments import warm_start as warm
+        from spikeops.deployments import warm_start as warm
 
         warm_start = warm.enable()
         if not warm_start:
@@ -171,7 +121,7 @@ def run_served(deployments: list[Any], *, warm: bool) -> None:
     """``prefect.serve`` for our deployments, except that with ``warm`` the runner is also
     given each deployment's flow object, as ``Runner.add_flow`` gives it: Prefect then starts
     the runs with its direct starter (the flow passed to a child process, which
-    ``deployments.warm_start`` forks from its server) instead of ``python -m prefect.engine``,
+    ``spikeops.deployments.warm_start`` forks from its server) instead of ``python -m prefect.engine``,
     a new interpreter that imports Prefect and loads the flow from its entrypoint again."""
     import asyncio
 
@@ -198,17 +148,26 @@ def run_served(deployments: list[Any], *, warm: bool) -> None:
 
 
 def _flow_of(deployment: Any) -> Any:
-    """The flow object a deployment of ours was made from (found by its entrypoint)."""
+    """The flow object a deployment of ours was made from, found by its entrypoint: a module
+    path (``spikeops.flows.incident_response.incident_response``, what our deployments use) or
+    ``module:attribute``. None, with one line on stderr, when it cannot be loaded: the runner
+    then starts that deployment's runs cold, which still work."""
     import importlib
+    import sys
 
-    module_name, _, attribute = (getattr(deployment, "entrypoint", "") or "").rpartition(":")
-    if not module_name:
+    entrypoint = (getattr(deployment, "entrypoint", "") or "").strip()
+    module_name, colon, attribute = entrypoint.rpartition(":")
+    if not colon:
+        module_name, _, attribute = entrypoint.rpartition(".")
+    if not module_name or not attribute or module_name.endswith(".py") or "/" in module_name:
+        print(f"spikeops serve: {entrypoint or '(no entrypoint)'} is not a module path; its runs start cold",
+              file=sys.stderr, flush=True)
         return None
-    if module_name.endswith(".py"):  # a file-path entrypoint: flows/incident_response.py
-        module_name = module_name[:-3].replace("/", ".")
     try:
         return getattr(importlib.import_module(module_name), attribute, None)
-    except ImportError:
+    except Exception as exc:  # noqa: BLE001 - a flow that cannot load is a cold start, never a crash
+        print(f"spikeops serve: cannot load {entrypoint}: {type(exc).__name__}: {exc}; its runs start cold",
+              file=sys.stderr, flush=True)
         return None
 
 

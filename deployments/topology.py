@@ -1,16 +1,16 @@
 """The production topology, runnable on one machine: ``infra/prefect/up DIR --config spikeops.toml``.
 
 Starts, in DIR:
-- Debian's PostgreSQL, a private cluster on a free loopback port (``deployments.postgres``);
+- Debian's PostgreSQL, a private cluster on a free loopback port (``spikeops.deployments.postgres``);
 - a Prefect server on it (``PREFECT_API_DATABASE_CONNECTION_URL=postgresql+asyncpg://...``);
 - one process work pool per cluster of the configuration and the flows deployed to each
-  (``deployments.pools``: ``incident-response/CLUSTER``, the cluster fixed);
+  (``spikeops.deployments.pools``: ``incident-response/CLUSTER``, the cluster fixed);
 - ``--workers N`` Prefect workers per pool, each with ``SPIKEOPS_CONFIG`` in its environment
   (the flow runs they start read the configuration there);
 and prints ``export PREFECT_API_URL=...`` on stdout (progress goes to stderr, so
 ``eval "$(infra/prefect/up DIR --config spikeops.toml)"`` works). Then ``spikeops serve
 --receiver-only`` routes each alert to its cluster's deployment. ``infra/prefect/down DIR``
-stops all of it, by pid, and nothing else; ``python -m deployments.topology status DIR``
+stops all of it, by pid, and nothing else; ``python -m spikeops.deployments.topology status DIR``
 says what runs.
 
 The workers get the environment of the ``up`` that started them (SLACK_BOT_TOKEN, SSH agent,
@@ -44,7 +44,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from deployments import postgres
+from spikeops.deployments import postgres
 from spikeops.config import check_config, load_config
 from spikeops.errors import InputError, SpikeopsError
 from spikeops.sim.processes import pid_alive, proc_read, scan, stop
@@ -153,7 +153,7 @@ def deploy(config_path: str | Path, api_url: str) -> dict[str, list[str]]:
     """Pools and deployments of every cluster on the Prefect server at ``api_url``."""
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    from deployments.pools import deploy as deploy_pools
+    from spikeops.deployments.pools import deploy as deploy_pools
 
     with temporary_settings(updates={PREFECT_API_URL: api_url}):
         return deploy_pools(load_config(config_path))

@@ -31,7 +31,7 @@ __all__ = ["PRELOAD", "enable", "enabled"]
 #: What the server process imports before it forks a run: Prefect's engine, our flows, and what
 #: their stages import on first use (the diagnosis and pandas alone are a second of CPU that
 #: classify paid inside every incident, while the nodes were answering on the same cores).
-PRELOAD = ("prefect.flow_engine", "flows.incident_response", "flows.baselines", "spikeops.diagnosis",
+PRELOAD = ("prefect.flow_engine", "spikeops.flows.incident_response", "spikeops.flows.baselines", "spikeops.diagnosis",
            "spikeops.diagnosis.engine", "spikeops.collect.collector", "spikeops.schedulers", "spikeops.notify",
            "spikeops.notify.report", "spikeops.notify.plot", "spikeops.replay", "spikeops.response")
 

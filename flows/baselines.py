@@ -24,7 +24,7 @@ from prefect.artifacts import create_table_artifact
 from spikeops.config import ClusterConfig, SpikeopsConfig, load_config
 from spikeops.errors import InputError, SpikeopsError
 from spikeops.inventory import fold_nodes, load_inventory
-from tasks.baselines import (
+from spikeops.tasks.baselines import (
     FAILED_VERDICTS,
     baseline_table,
     control_run,

@@ -28,20 +28,20 @@ from spikeops.config import CLUSTER_NAME, JOB_ID, IncidentSettings
 from spikeops.notify.messages import approval_markdown
 from spikeops.remediation import resume_plan
 from spikeops.response import approval_gate, outcome_summary
-from tasks.approve import ask_approval
-from tasks.baselines import bundle_baselines
-from tasks.classify import classify_symptom
-from tasks.collect import finish_incident_collection, start_incident_collection
-from tasks.concurrency import IncidentSlots
-from tasks.diagnose import diagnose_incident, summary_line
-from tasks.incident import open_incident
-from tasks.notify import tell_failure, tell_outcome, write_report_artifact
-from tasks.preflight import incident_settings, preflight
-from tasks.protect import protect_run
-from tasks.replay import replay_gate, tell_replay
-from tasks.resume import isolate_and_resume
-from tasks.runinfo import current_run, incident_id_for, label_run, run_url
-from tasks.scheduler import SchedulerRef
+from spikeops.tasks.approve import ask_approval
+from spikeops.tasks.baselines import bundle_baselines
+from spikeops.tasks.classify import classify_symptom
+from spikeops.tasks.collect import finish_incident_collection, start_incident_collection
+from spikeops.tasks.concurrency import IncidentSlots
+from spikeops.tasks.diagnose import diagnose_incident, summary_line
+from spikeops.tasks.incident import open_incident
+from spikeops.tasks.notify import tell_failure, tell_outcome, write_report_artifact
+from spikeops.tasks.preflight import incident_settings, preflight
+from spikeops.tasks.protect import protect_run
+from spikeops.tasks.replay import replay_gate, tell_replay
+from spikeops.tasks.resume import isolate_and_resume
+from spikeops.tasks.runinfo import current_run, incident_id_for, label_run, run_url
+from spikeops.tasks.scheduler import SchedulerRef
 
 __all__ = ["IncidentOverrides", "incident_response", "STAGES"]
 

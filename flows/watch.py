@@ -5,7 +5,7 @@ It runs ``spikeops.watch`` (the detector, debounced: one incident, one start) on
 ``incident-response`` deployment for each incident through the receiver's own path: the
 anomaly becomes the generic alert (``spikeops.watch.fire.alert_payload``), the receiver's
 parser and idempotency key turn it into an ``Alert`` and a key, and
-``deployments.serve.prefect_starter`` maps it to the flow's parameters with
+``spikeops.deployments.serve.prefect_starter`` maps it to the flow's parameters with
 ``spikeops.toml`` and calls ``run_deployment(..., idempotency_key=key, timeout=0)``. So an
 incident found by the watcher and the same incident posted to the receiver start one run,
 and a watcher restarted over the same file starts nothing new.
@@ -25,7 +25,7 @@ from prefect import flow, get_run_logger
 from spikeops.config import load_config
 from spikeops.watch import Anomaly, Detector, WatchConfig, describe, open_source, watch
 from spikeops.watch.sources import SourceStats
-from tasks.start import DEPLOYMENT_NAME, start_incident
+from spikeops.tasks.start import DEPLOYMENT_NAME, start_incident
 
 __all__ = ["watch_job"]
 

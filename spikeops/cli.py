@@ -401,21 +401,28 @@ def _cmd_serve(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
                   + (f" (and {len(problems) - 1} more: spikeops config check)" if len(problems) > 1 else "") + "\n")
         return EXIT_USAGE
     # The Prefect side lives outside the core (deployments/), imported only for this command.
-    from deployments.serve import serve, serve_receiver
+    from spikeops.deployments.local_server import prefect_api
+    from spikeops.deployments.serve import serve, serve_receiver
+
+    def say(line: str) -> None:
+        out.write(f"spikeops serve: {line}\n")
+        out.flush()
 
     addr = args.addr or config.receiver_addr
-    if args.receiver_only:
-        out.write(f"serving the alert receiver on http://{addr}/alerts/...: each alert starts "
-                  f"incident-response/CLUSTER on its cluster's work pool (clusters: {', '.join(config.clusters)})\n")
-    else:
-        out.write(f"serving the incident flow and the alert receiver on http://{addr}/alerts/... "
-                  f"(clusters: {', '.join(config.clusters)})\n")
-    out.flush()
     try:
-        if args.receiver_only:
-            serve_receiver(config, addr)
-        else:
-            serve(config, addr, warm_start=not args.cold_start)
+        with prefect_api(config.prefect_home, config.prefect_port, say=say) as api:
+            if args.receiver_only:
+                out.write(f"serving the alert receiver on http://{addr}/alerts/...: each alert starts "
+                          f"incident-response/CLUSTER on its cluster's work pool (clusters: "
+                          f"{', '.join(config.clusters)}; Prefect API {api})\n")
+            else:
+                out.write(f"serving the incident flow and the alert receiver on http://{addr}/alerts/... "
+                          f"(clusters: {', '.join(config.clusters)}; Prefect API {api})\n")
+            out.flush()
+            if args.receiver_only:
+                serve_receiver(config, addr)
+            else:
+                serve(config, addr, warm_start=not args.cold_start)
     except ValueError as exc:
         err.write(f"spikeops serve: {exc}\n")
         return EXIT_USAGE
@@ -423,7 +430,7 @@ def _cmd_serve(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    from demo import SCENARIOS, DemoOptions, run_demo, stop_demo
+    from spikeops.demo import SCENARIOS, DemoOptions, run_demo, stop_demo
 
     if args.list:
         for name, what in SCENARIOS.items():

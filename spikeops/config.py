@@ -33,6 +33,10 @@ collect_runner = "threads"          # or "dask": the collection shards run on a 
 dask_scheduler = "tcp://10.1.0.5:8786"   # ... this one, near the nodes (docs/scaleout.md)
 
 [watch]                             # spikeops watch thresholds (docs/watch.md)
+
+[prefect]                           # the local server `spikeops serve` starts without PREFECT_API_URL
+port = 4200
+home = "~/.local/state/spikeops/prefect"   # its database and settings
 ```
 """
 
@@ -52,11 +56,15 @@ from spikeops.errors import InputError
 __all__ = ["ClusterConfig", "SpikeopsConfig", "IncidentSettings", "load_config", "check_config", "resolve_incident",
            "DEFAULT_RECEIVER_ADDR", "DEFAULT_INCIDENTS_DIR", "DEFAULT_MAX_CONCURRENT", "JOB_ID", "CLUSTER_NAME",
            "SCHEDULERS", "APPROVALS", "SKIPPABLE", "REPLAYS", "COLLECT_RUNNERS",
-           "DASK_ADDRESS"]
+           "DASK_ADDRESS", "DEFAULT_PREFECT_PORT", "DEFAULT_PREFECT_HOME"]
 
 DEFAULT_RECEIVER_ADDR = "127.0.0.1:8787"
 DEFAULT_INCIDENTS_DIR = "~/.local/state/spikeops/incidents"
 DEFAULT_MAX_CONCURRENT = 4
+#: The local Prefect server of ``spikeops serve`` without ``PREFECT_API_URL``: Prefect's own port,
+#: and a home of its own beside the incidents, never the user's ``~/.prefect`` profile.
+DEFAULT_PREFECT_PORT = 4200
+DEFAULT_PREFECT_HOME = "~/.local/state/spikeops/prefect"
 SCHEDULERS = ("slurm", "local")
 APPROVALS = ("always", "auto-hardware", "never")
 SKIPPABLE = ("protect", "collect", "isolate", "resume", "notify")
@@ -110,6 +118,9 @@ class SpikeopsConfig:
     clusters: dict[str, ClusterConfig] = field(default_factory=dict)
     #: The ``[watch]`` table as written; ``spikeops.watch`` validates it.
     watch: dict[str, Any] = field(default_factory=dict)
+    #: The local Prefect server ``spikeops serve`` starts when ``PREFECT_API_URL`` is not set.
+    prefect_port: int = DEFAULT_PREFECT_PORT
+    prefect_home: str = DEFAULT_PREFECT_HOME
 
     def flow_parameters(self, job: str, cluster: str | None) -> dict[str, Any]:
         """The incident flow's parameters for a job on a configured cluster; InputError when
@@ -200,8 +211,8 @@ def load_config(path: str | Path | None = None) -> SpikeopsConfig:
         document = tomllib.loads(target.read_text())
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise InputError(f"{target}: not valid TOML ({exc})") from None
-    unknown = set(document) - {"incidents", "receiver", "clusters", "watch"}
-    for section in ("incidents", "receiver", "clusters", "watch"):
+    unknown = set(document) - {"incidents", "receiver", "clusters", "watch", "prefect"}
+    for section in ("incidents", "receiver", "clusters", "watch", "prefect"):
         if section in document and not isinstance(document[section], dict):
             raise InputError(f"{target}: [{section}] must be a table")
     if unknown:
@@ -222,6 +233,16 @@ def load_config(path: str | Path | None = None) -> SpikeopsConfig:
     addr = receiver.get("addr", DEFAULT_RECEIVER_ADDR)
     if not isinstance(addr, str) or not re.match(r"^[^\s:]+:\d{1,5}$", addr) or not 0 < int(addr.rpartition(":")[2]) < 65536:
         raise InputError(f"{target}: [receiver] addr must be HOST:PORT, not {addr!r}")
+    prefect = document.get("prefect") or {}
+    extra = set(prefect) - {"port", "home"}
+    if extra:
+        raise InputError(f"{target}: [prefect] unknown key {sorted(extra)[0]!r}")
+    prefect_port = prefect.get("port", DEFAULT_PREFECT_PORT)
+    if isinstance(prefect_port, bool) or not isinstance(prefect_port, int) or not 0 < prefect_port < 65536:
+        raise InputError(f"{target}: [prefect] port must be a port number, not {prefect_port!r}")
+    prefect_home = prefect.get("home", DEFAULT_PREFECT_HOME)
+    if not isinstance(prefect_home, str) or not prefect_home.strip():
+        raise InputError(f"{target}: [prefect] home must be a non-empty string")
     clusters = {name: _cluster(target, name, table) for name, table in (document.get("clusters") or {}).items()}
     return SpikeopsConfig(
         target,
@@ -230,6 +251,8 @@ def load_config(path: str | Path | None = None) -> SpikeopsConfig:
         max_concurrent=limit,
         clusters=clusters,
         watch=dict(document.get("watch") or {}),
+        prefect_port=prefect_port,
+        prefect_home=prefect_home,
     )
 
 

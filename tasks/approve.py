@@ -20,7 +20,7 @@ from prefect.input import RunInput
 from pydantic import Field
 
 from spikeops.response import Gate
-from tasks.runinfo import current_run
+from spikeops.tasks.runinfo import current_run
 
 __all__ = ["Approval", "ask_approval", "record_decision"]
 

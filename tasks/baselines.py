@@ -24,7 +24,7 @@ from spikeops.baselines import (
     run_control,
 )
 from spikeops.inventory import fold_nodes
-from tasks.notify import slack_notifier
+from spikeops.tasks.notify import slack_notifier
 
 __all__ = ["bundle_baselines", "read_node_states", "refresh_cluster_baselines", "control_run", "baseline_table", "control_table",
            "tell_control_failures", "FAILED_VERDICTS"]

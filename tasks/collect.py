@@ -75,7 +75,7 @@ def shard_runner(dask_scheduler: str | None = None) -> Iterator[Submit]:
     a ``DaskTaskRunner`` connected to ``dask_scheduler``. A Dask scheduler that does not
     answer within ``DASK_CONNECT_TIMEOUT_S`` is logged and the flow's runner is used: the
     evidence rotates away while we wait, and an orchestration choice must not cost it.
-    Before the first shard every worker's profiler is stopped (``tasks.dask_worker``: on
+    Before the first shard every worker's profiler is stopped (``spikeops.tasks.dask_worker``: on
     Python 3.11 it can deadlock a worker that runs shards); workers that cannot be prepared
     so are treated as a scheduler that does not answer."""
     def local(shard_task: Any, parameters: dict[str, Any]) -> Any:
@@ -86,7 +86,7 @@ def shard_runner(dask_scheduler: str | None = None) -> Iterator[Submit]:
         return
     from prefect_dask import DaskTaskRunner
 
-    from tasks.dask_worker import NoProfiler
+    from spikeops.tasks.dask_worker import NoProfiler
 
     runner = DaskTaskRunner(address=dask_scheduler, client_kwargs={"timeout": f"{DASK_CONNECT_TIMEOUT_S}s"})
     runner.__enter__()

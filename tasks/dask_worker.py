@@ -20,7 +20,7 @@ process's own thread dump shows it: the event loop thread in ``take_gil`` under
 (``Thread.start``) waiting for ``HEAD_LOCK``, and all the others in ``take_gil``.
 
 ``NoProfiler`` stops the profiler's periodic callback on every worker of the cluster, those
-that join later included (``Client.register_plugin``); ``tasks.collect.shard_runner``
+that join later included (``Client.register_plugin``); ``spikeops.tasks.collect.shard_runner``
 registers it before the first shard is submitted. Dask's profile page then stays empty for
 those workers. ``sys._current_frames()`` is also behind the dashboard's "call stack" of a
 running task, which a person could still click during a collection: rare, and on request.

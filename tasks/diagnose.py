@@ -9,7 +9,7 @@ from typing import Any
 from prefect import task
 from prefect.artifacts import create_table_artifact
 
-from tasks.checkpoints import pick_checkpoint
+from spikeops.tasks.checkpoints import pick_checkpoint
 
 __all__ = ["diagnose_bundle", "diagnose_incident", "findings_table", "summary_line"]
 

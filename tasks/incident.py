@@ -12,7 +12,7 @@ from prefect import task
 
 from spikeops.bundle import BundleWriter
 from spikeops.timeparse import iso
-from tasks.scheduler import SchedulerRef
+from spikeops.tasks.scheduler import SchedulerRef
 
 __all__ = ["open_incident", "WINDOW", "JOB_FILES"]
 

@@ -9,7 +9,7 @@ from typing import Any
 from prefect import task
 from prefect.transactions import get_transaction
 
-from tasks.scheduler import SchedulerRef
+from spikeops.tasks.scheduler import SchedulerRef
 
 __all__ = ["isolate"]
 

@@ -123,7 +123,7 @@ def tell_failure(flow: Any, flow_run: Any, state: Any) -> None:
     thread (the bundle's slack.json; a manual run's incident id is derived from the run's
     creation time, as the flow derives it) and says the state the job was left in."""
     from spikeops.notify import SlackNotifier
-    from tasks.runinfo import incident_id_for, run_url
+    from spikeops.tasks.runinfo import incident_id_for, run_url
 
     raw = flow_run.parameters or {}
     overrides = raw.get("overrides") or {}

@@ -13,7 +13,7 @@ from prefect import task
 
 from spikeops.config import IncidentSettings, load_config, resolve_incident
 from spikeops.errors import InputError, SpikeopsError
-from tasks.scheduler import SchedulerRef
+from spikeops.tasks.scheduler import SchedulerRef
 
 __all__ = ["PreflightError", "incident_settings", "preflight"]
 

@@ -7,7 +7,7 @@ from typing import Any
 
 from prefect import task
 
-from tasks.scheduler import SchedulerRef
+from spikeops.tasks.scheduler import SchedulerRef
 
 __all__ = ["stop_job", "stopped", "protect_run", "Protection", "GRACE_S"]
 
@@ -62,7 +62,7 @@ def protect_run(job_id: str, scheduler: SchedulerRef, bundle: str, incident: str
     played out); for a NaN or a spike that does not recover, preserve the job's record and
     signal it at once, and let the stop finish in the background (``Protection.settle``)."""
     from spikeops.response import protective_move
-    from tasks.classify import observe
+    from spikeops.tasks.classify import observe
 
     observed = None
     if protective_move(symptom["symptom"], observe_steps=observe_steps) == "observe":

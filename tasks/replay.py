@@ -23,7 +23,7 @@ from typing import Any
 from prefect import task
 
 from spikeops.response import Gate, replay_wanted
-from tasks.scheduler import SchedulerRef
+from spikeops.tasks.scheduler import SchedulerRef
 
 __all__ = ["replay_gate", "start_replay", "wait_for_job", "tell_replay"]
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from prefect import task
 
-from tasks.scheduler import SchedulerRef
+from spikeops.tasks.scheduler import SchedulerRef
 
 __all__ = ["resume", "ResumeFailed"]
 
@@ -45,8 +45,8 @@ def isolate_and_resume(job_id: str, scheduler: SchedulerRef, bundle: str, incide
     from prefect.transactions import transaction
 
     from spikeops.response import SUCCESS, describe_actions, must_stop_before_resume, resume_decision
-    from tasks.isolate import isolate
-    from tasks.protect import stop_job, stopped as is_stopped
+    from spikeops.tasks.isolate import isolate
+    from spikeops.tasks.protect import stop_job, stopped as is_stopped
 
     culprits = list(diagnosis.get("culprit_nodes") or [])
     resume_from = diagnosis.get("resume_from")

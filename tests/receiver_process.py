@@ -1,7 +1,7 @@
 """The real alert receiver in a process of its own, with counters: for the monitoring chain's
 test and the receiver benchmark (run as ``python -m tests.receiver_process PORT CONFIG``).
 
-It is what ``spikeops serve`` builds (``create_app`` with ``tasks.start.prefect_starter`` and the
+It is what ``spikeops serve`` builds (``create_app`` with ``spikeops.tasks.start.prefect_starter`` and the
 Prefect event emitter, under uvicorn), with the incident deployment registered on the Prefect
 server of ``PREFECT_API_URL`` but no runner: runs are created, never executed (that the served
 deployment runs them is tests/test_e2e_serve.py's). Around it, the counts a test or benchmark
@@ -62,11 +62,11 @@ def serve(port: int, config_path: str, *, coalesce: bool = True, record_alerts: 
     import httpx
     import uvicorn
 
-    from deployments.receiver import ReceiverConfig, create_app
-    from deployments.receiver_http import freeze_heap, server_config
-    from deployments.serve import incident_deployment, prefect_emitter
+    from spikeops.deployments.receiver import ReceiverConfig, create_app
+    from spikeops.deployments.receiver_http import freeze_heap, server_config
+    from spikeops.deployments.serve import incident_deployment, prefect_emitter
     from spikeops.config import load_config
-    from tasks.start import prefect_starter
+    from spikeops.tasks.start import prefect_starter
 
     api = os.environ["PREFECT_API_URL"]
     record: dict[str, Any] = {"starter_calls": 0, "api_requests": 0, "events": 0, "alerts": []}

@@ -12,11 +12,31 @@ import spikeops
 from tests.conftest import ROOT
 
 
+# The Prefect layers: folders of their own in the repository, installed under ``spikeops``
+# (symbolic links in the checkout, ``spikeops.flows`` and so on in the wheel).
+PREFECT_LAYERS = ("flows", "tasks", "deployments", "demo")
+
+
 def _core_modules() -> list[str]:
     names = ["spikeops"]
     for module in pkgutil.walk_packages(spikeops.__path__, "spikeops."):
-        names.append(module.name)
+        if module.name.split(".")[1] not in PREFECT_LAYERS:
+            names.append(module.name)
     return names
+
+
+def test_the_prefect_layers_are_installed_under_spikeops():
+    """``flows/`` and its siblings are importable as ``spikeops.flows``, from the same files,
+    and nothing imports them by their bare names (an installed spikeops has no top-level
+    ``tasks`` package, and one of the user's own would be taken instead)."""
+    for layer in PREFECT_LAYERS:
+        link = ROOT / "spikeops" / layer
+        assert link.is_symlink() and link.resolve() == (ROOT / layer).resolve(), link
+    for path in [*ROOT.glob("*/**/*.py")]:
+        if path.relative_to(ROOT).parts[0] in (".venv", "build", ".git"):
+            continue
+        for name in _imports(path):
+            assert name.split(".")[0] not in PREFECT_LAYERS, f"{path} imports {name}, not spikeops.{name}"
 
 
 def test_core_never_imports_prefect():
@@ -35,8 +55,10 @@ def test_core_never_imports_prefect():
 def test_importing_every_core_module_does_not_load_prefect():
     code = (
         "import importlib, sys, pkgutil, spikeops\n"
+        f"layers = {PREFECT_LAYERS!r}\n"
         "for m in pkgutil.walk_packages(spikeops.__path__, 'spikeops.'):\n"
-        "    if m.name != 'spikeops.__main__': importlib.import_module(m.name)\n"
+        "    if m.name != 'spikeops.__main__' and m.name.split('.')[1] not in layers:\n"
+        "        importlib.import_module(m.name)\n"
         "print('prefect' in sys.modules)\n"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -67,7 +89,8 @@ def _imports(path) -> set[str]:
 def test_layers_import_downwards_only():
     """flows use tasks and the core; tasks use the core; neither knows what triggers them
     (deployments), and flows never depend on the simulator or the demo's driver."""
-    forbidden = {"flows": ("deployments", "demo", "spikeops.sim"), "tasks": ("flows", "deployments", "demo")}
+    forbidden = {"flows": ("spikeops.deployments", "spikeops.demo", "spikeops.sim"),
+                 "tasks": ("spikeops.flows", "spikeops.deployments", "spikeops.demo")}
     for package, banned in forbidden.items():
         for path in (ROOT / package).rglob("*.py"):
             for name in _imports(path):

@@ -249,7 +249,7 @@ def test_prefect_tasks_fill_the_bundles_checkpoints_json(tmp_path: Path, prefect
     from prefect import flow
 
     from spikeops.bundle import open_bundle
-    from tasks.checkpoints import pick_checkpoint, verify_checkpoint
+    from spikeops.tasks.checkpoints import pick_checkpoint, verify_checkpoint
 
     root = _run_root(tmp_path)
     (root / "global_step2000" / "latest").write_bytes(b"bad")

@@ -40,7 +40,7 @@ def test_a_dask_collection_equals_the_thread_collection_byte_for_byte(tmp_path: 
     from distributed import Client
     from prefect import flow
 
-    from tasks.collect import collect_evidence
+    from spikeops.tasks.collect import collect_evidence
 
     port = simcluster.free_port(("127.0.16.11",))
     with simcluster.running(tmp_path / "c", nodes=9, port=port, first_address="127.0.16.11", scenario="gpu_xid",
@@ -94,7 +94,7 @@ def test_consecutive_dask_collections_on_the_same_workers_all_finish(tmp_path: P
     from distributed import Client
     from prefect import flow
 
-    from tasks.collect import collect_evidence
+    from spikeops.tasks.collect import collect_evidence
 
     port = simcluster.free_port(("127.16.21.11",))
     environment = dict(os.environ, DASK_DISTRIBUTED__WORKER__PROFILE__INTERVAL="1ms")
@@ -136,7 +136,7 @@ def test_consecutive_dask_collections_on_the_same_workers_all_finish(tmp_path: P
 def test_an_unreachable_dask_scheduler_falls_back_to_threads(tmp_path: Path, prefect_server: None) -> None:
     from prefect import flow
 
-    from tasks.collect import collect_evidence
+    from spikeops.tasks.collect import collect_evidence
     from tests.scaleout import _free_port
 
     port = simcluster.free_port(("127.0.16.31",))

@@ -16,7 +16,7 @@ prefect = pytest.importorskip("prefect")
 def test_sharded_collection_in_a_flow(tmp_path: Path, prefect_server: None) -> None:
     from prefect import flow
     from spikeops.inventory import load_inventory
-    from tasks.collect import collect_evidence
+    from spikeops.tasks.collect import collect_evidence
 
     port = simcluster.free_port(("127.0.10.11",))
     with simcluster.running(tmp_path / "c", nodes=5, port=port, first_address="127.0.10.11",

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from demo import default_seed
+from spikeops.demo import default_seed
 from spikeops.sim import build_bundle
 from spikeops.sim.processes import proc_read, scan
 
@@ -95,7 +95,7 @@ def test_demo_bad_input_is_one_line(tmp_path: Path) -> None:
     out = io.StringIO()
     assert main(["demo", "--list"], out=out) == 0
     listed = [line.split()[0] for line in out.getvalue().splitlines()]
-    from demo.run import REPLAY_SCENARIOS
+    from spikeops.demo.run import REPLAY_SCENARIOS
     from spikeops.vocabulary import LAYER_OF
 
     # every cause of the spec is a scenario (silent data corruption through the replay gate's three)

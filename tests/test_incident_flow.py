@@ -41,7 +41,7 @@ def world(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.Mo
 
 
 def test_an_xid_incident_is_stopped_diagnosed_isolated_and_resumed(world, prefect_server: None) -> None:
-    from flows.incident_response import incident_response
+    from spikeops.flows.incident_response import incident_response
 
     cluster, slack, scheduler, job, tmp_path = world
     params = flow_params(
@@ -85,7 +85,7 @@ def test_an_xid_incident_is_stopped_diagnosed_isolated_and_resumed(world, prefec
 
 def flow_params(job_id: str, cluster: str | None = None, **overrides) -> dict:
     """The flow's keyword arguments: the job, the cluster, and every other field as an override."""
-    from flows.incident_response import IncidentOverrides
+    from spikeops.flows.incident_response import IncidentOverrides
 
     return {"job_id": job_id, "cluster": cluster, "overrides": IncidentOverrides(**overrides)}
 
@@ -108,7 +108,7 @@ def _decline_when_paused(world, **overrides) -> tuple[dict, list[str]]:
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterState, FlowRunFilterStateType
     from prefect.flow_runs import resume_flow_run
 
-    from flows.incident_response import incident_response
+    from spikeops.flows.incident_response import incident_response
 
     slack = world[1]
     result: dict = {}
@@ -155,7 +155,7 @@ def test_always_means_a_resume_without_culprits_waits_for_a_person_too(world, pr
 
 @pytest.mark.parametrize("world", [("false_alarm", 5)], indirect=True)
 def test_a_false_alarm_changes_nothing(world, prefect_server: None) -> None:
-    from flows.incident_response import incident_response
+    from spikeops.flows.incident_response import incident_response
 
     _, _, scheduler, job, _ = world
     outcome = incident_response(**_params(world, incident_id="inc-flow-3"))
@@ -166,7 +166,7 @@ def test_a_false_alarm_changes_nothing(world, prefect_server: None) -> None:
 
 @pytest.mark.parametrize("world", [("overlong_sample", 0)], indirect=True)  # seed 0: a single spike
 def test_a_single_spike_from_data_keeps_the_job_running(world, prefect_server: None) -> None:
-    from flows.incident_response import incident_response
+    from spikeops.flows.incident_response import incident_response
 
     _, _, scheduler, job, _ = world
     outcome = incident_response(**_params(world, incident_id="inc-flow-4"))
@@ -181,7 +181,7 @@ def test_a_single_spike_from_data_keeps_the_job_running(world, prefect_server: N
 def test_a_resume_that_cannot_happen_rolls_the_isolation_back(world, prefect_server: None) -> None:
     """The spare node is down (someone else's RMA): the job cannot run without the culprit,
     so the transaction rolls back and the culprit is released, not left drained for nothing."""
-    from flows.incident_response import incident_response
+    from spikeops.flows.incident_response import incident_response
 
     _, slack, scheduler, job, _ = world
     scheduler.set_node("spare-001", "DOWN", "RMA 1234", "bob")
@@ -194,7 +194,7 @@ def test_a_resume_that_cannot_happen_rolls_the_isolation_back(world, prefect_ser
 
 
 def test_a_broken_flow_says_so_in_the_thread(world, prefect_server: None, tmp_path: Path) -> None:
-    from flows.incident_response import incident_response
+    from spikeops.flows.incident_response import incident_response
 
     _, slack, scheduler, job, _ = world
     with pytest.raises(Exception, match="no such inventory"):
@@ -207,7 +207,7 @@ def test_a_broken_flow_says_so_in_the_thread(world, prefect_server: None, tmp_pa
 
 @pytest.mark.parametrize("world", [("overlong_sample", 3)], indirect=True)
 def test_a_data_nan_resumes_with_its_batches_skipped(world, prefect_server: None) -> None:
-    from flows.incident_response import incident_response
+    from spikeops.flows.incident_response import incident_response
 
     cluster, slack, scheduler, job, _ = world
     outcome = incident_response(**_params(world, incident_id="inc-flow-data", approval="auto-hardware"))
@@ -229,7 +229,7 @@ def test_incidents_of_one_job_wait_for_each_other(prefect_server: None) -> None:
     """The per-job limit: a second incident of the same job waits; another job's does not."""
     import threading
 
-    from tasks.concurrency import one_incident_per_job
+    from spikeops.tasks.concurrency import one_incident_per_job
 
     held, release = threading.Event(), threading.Event()
 
@@ -255,7 +255,7 @@ def test_incidents_of_one_job_wait_for_each_other(prefect_server: None) -> None:
 
 
 def test_preflight_refuses_a_bad_path_before_the_job_is_touched(world, prefect_server: None, tmp_path: Path) -> None:
-    from flows.incident_response import incident_response
+    from spikeops.flows.incident_response import incident_response
 
     _, slack, scheduler, job, _ = world
     with pytest.raises(Exception, match="preflight refused") as error:

@@ -174,7 +174,7 @@ def _run_approved(params: Any) -> dict[str, Any]:
     """Run the flow in a thread and answer its approval as a person would: yes."""
     from prefect.flow_runs import resume_flow_run
 
-    from flows.incident_response import incident_response
+    from spikeops.flows.incident_response import incident_response
 
     result: dict[str, Any] = {}
     failed: list[BaseException] = []
@@ -257,7 +257,7 @@ def _data_single_spike(answer: Expected) -> bool:
 
 @pytest.mark.parametrize("world", [(_data_single_spike, CAUSES)], indirect=True)
 def test_a_single_spike_from_data_keeps_the_slurm_job_running(world: World, prefect_server: None) -> None:
-    from flows.incident_response import incident_response
+    from spikeops.flows.incident_response import incident_response
 
     outcome = incident_response(**world.params("inc-slurm-spike"))
     assert outcome["symptom"]["symptom"] == "single_spike" and outcome["observed"]["symptom"] == "single_spike"
@@ -269,7 +269,7 @@ def test_a_single_spike_from_data_keeps_the_slurm_job_running(world: World, pref
 
 @pytest.mark.parametrize("world", [(lambda answer: answer.cause == "false_alarm", ("false_alarm",))], indirect=True)
 def test_a_false_alarm_changes_nothing_on_slurm(world: World, prefect_server: None) -> None:
-    from flows.incident_response import incident_response
+    from spikeops.flows.incident_response import incident_response
 
     outcome = incident_response(**world.params("inc-slurm-false"))
     assert outcome["diagnosis"]["primary"]["cause"] == "false_alarm" and outcome["actions"] == []

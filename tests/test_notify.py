@@ -148,7 +148,7 @@ def test_slack_down_loses_nothing_and_raises_nothing(bundle: Path) -> None:
 def test_prefect_tasks_post_and_attach_the_report(bundle: Path, slack: SlackServer, prefect_server: None) -> None:
     from prefect import flow
 
-    from tasks.notify import notify_diagnosis, notify_stage, report_artifact
+    from spikeops.tasks.notify import notify_diagnosis, notify_stage, report_artifact
 
     @flow
     def tell() -> tuple[dict, dict, str | None]:

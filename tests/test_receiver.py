@@ -9,7 +9,7 @@ import json
 import pytest
 from fastapi.testclient import TestClient
 
-from deployments.receiver import ReceiverConfig, check_bind, create_app
+from spikeops.deployments.receiver import ReceiverConfig, check_bind, create_app
 from spikeops.alerts import parse_alerts
 
 ALERTMANAGER = {
@@ -183,7 +183,7 @@ def test_a_failed_start_is_not_remembered() -> None:
 
 
 def test_the_memory_is_bounded_and_forgets_in_time() -> None:
-    from deployments.receiver import SingleFlight
+    from spikeops.deployments.receiver import SingleFlight
 
     now = [0.0]
     calls = []
@@ -216,7 +216,7 @@ def test_the_memory_is_bounded_and_forgets_in_time() -> None:
 def test_a_flood_of_distinct_keys_is_bounded_too() -> None:
     """Distinct keys being started at once are capped: a flood of new alerts gets 503s
     (Alertmanager retries) instead of an unbounded queue in memory."""
-    from deployments.receiver import SingleFlight
+    from spikeops.deployments.receiver import SingleFlight
 
     gate = _Gate()
     flight = SingleFlight(gate, max_flying=2)
@@ -265,7 +265,7 @@ def test_the_same_job_on_two_clusters_is_two_incidents() -> None:
 def test_copies_take_the_fast_path_and_it_still_checks_auth(monkeypatch: pytest.MonkeyPatch) -> None:
     """A copy of a body already parsed is answered without parsing it again, but never
     without checking its credentials; anything else takes the full path."""
-    import deployments.receiver as receiver
+    import spikeops.deployments.receiver as receiver
 
     client, runs, _ = _client()
     good = {"Authorization": "Bearer s3cret"}
@@ -292,7 +292,7 @@ def test_copies_take_the_fast_path_and_it_still_checks_auth(monkeypatch: pytest.
 def test_a_large_body_is_a_copy_too_and_a_changed_one_is_not(monkeypatch: pytest.MonkeyPatch) -> None:
     """Bodies over 16 KiB are known by their digest, not kept whole: still recognised, and a body
     that differs by one byte is not taken for its copy."""
-    import deployments.receiver as receiver
+    import spikeops.deployments.receiver as receiver
 
     client, runs, _ = _client()
     good = {"Authorization": "Bearer s3cret"}

@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from deployments.receiver import ReceiverConfig, create_app
-from deployments.receiver_http import MAX_HELD, StormProtocol, freeze_heap, server_config
+from spikeops.deployments.receiver import ReceiverConfig, create_app
+from spikeops.deployments.receiver_http import MAX_HELD, StormProtocol, freeze_heap, server_config
 from tests.receiver_process import wait_for
 from tests.test_e2e_serve import _free
 

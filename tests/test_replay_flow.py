@@ -75,7 +75,7 @@ def incident(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
 
 def test_the_replay_gate_tells_a_corrupting_gpu_from_data_and_from_a_transient(incident: Any,
                                                                               prefect_server: None) -> None:
-    from flows.incident_response import IncidentOverrides, incident_response
+    from spikeops.flows.incident_response import IncidentOverrides, incident_response
 
     scenario, cluster, scheduler, job, run, bad, tmp_path = incident
     outcome = incident_response(job, overrides=IncidentOverrides(

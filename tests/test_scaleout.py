@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from deployments import postgres
+from spikeops.deployments import postgres
 from spikeops.config import load_config
 from spikeops.sim.slack import SlackServer
 from tests.scaleout import world
@@ -166,7 +166,7 @@ def test_three_jobs_on_two_clusters_on_postgres_and_workers(tmp_path: Path) -> N
             stopped = subprocess.run([str(ROOT / "infra" / "prefect" / "down"), str(topo)], env=env,
                                      capture_output=True, text=True, timeout=120, check=False)
         assert stopped.returncode == 0, stopped.stderr
-        status = json.loads(subprocess.run([str(ROOT / "infra" / "python"), "-m", "deployments.topology", "status",
+        status = json.loads(subprocess.run([str(ROOT / "infra" / "python"), "-m", "spikeops.deployments.topology", "status",
                                             str(topo)], capture_output=True, text=True, check=True).stdout)
         assert status["processes"] == 0 and not status["postgres"]["running"] and not status["server"]["running"]
 
@@ -192,9 +192,9 @@ run_dir = "/runs/{{job}}"
 def test_the_receiver_routes_each_alert_to_its_clusters_deployment(tmp_path: Path, prefect_server: None) -> None:
     from prefect import get_client
 
-    from deployments.pools import deploy, pool_name
-    from deployments.receiver import ReceiverConfig, create_app
-    from tasks.start import CLUSTER_DEPLOYMENT, prefect_starter
+    from spikeops.deployments.pools import deploy, pool_name
+    from spikeops.deployments.receiver import ReceiverConfig, create_app
+    from spikeops.tasks.start import CLUSTER_DEPLOYMENT, prefect_starter
 
     path = tmp_path / "spikeops.toml"
     path.write_text(CONFIG.format(root=tmp_path))
@@ -214,7 +214,7 @@ def test_the_receiver_routes_each_alert_to_its_clusters_deployment(tmp_path: Pat
             run = prefect.read_flow_run(run_id)
             deployment = prefect.read_deployment(run.deployment_id)
             assert (deployment.name, run.work_pool_name) == (cluster, pool_name(cluster))
-            assert run.parameters["cluster"] == cluster and deployment.entrypoint.startswith("flows.")
+            assert run.parameters["cluster"] == cluster and deployment.entrypoint.startswith("spikeops.flows.")
             schema = deployment.parameter_openapi_schema["properties"]["cluster"]
             assert schema["enum"] == [cluster] and schema["default"] == cluster
     unknown = client.post("/alerts/alertmanager", content=_alert("4412", "north", "r3"),
@@ -222,7 +222,7 @@ def test_the_receiver_routes_each_alert_to_its_clusters_deployment(tmp_path: Pat
     assert unknown.status_code == 400 and "not configured" in unknown.json()["error"]
     # the watcher fires at the cluster's own deployment the same way
     from spikeops.watch import Anomaly
-    from tasks.start import deployment_target
+    from spikeops.tasks.start import deployment_target
 
     fire = deployment_target(config, "4413", "west", deployment=CLUSTER_DEPLOYMENT, announce=False)
     note = fire(Anomaly(kind="nan", step=120, value=None, score=None, detail="loss is nan",

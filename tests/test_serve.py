@@ -49,9 +49,9 @@ def test_alert_storm_creates_one_flow_run(tmp_path: Path, prefect_server: None) 
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
 
-    from deployments.receiver import ReceiverConfig, create_app
-    from deployments.serve import incident_deployment
-    from tasks.start import prefect_starter
+    from spikeops.deployments.receiver import ReceiverConfig, create_app
+    from spikeops.deployments.serve import incident_deployment
+    from spikeops.tasks.start import prefect_starter
 
     path = tmp_path / "spikeops.toml"
     path.write_text(CONFIG.format(root=tmp_path))
@@ -138,7 +138,7 @@ def test_the_served_runner_polls_every_second_although_prefect_is_already_import
     import prefect  # noqa: F401 (imported first, as in `spikeops serve`)
     from prefect.settings import get_current_settings
 
-    from deployments.serve import runner_settings
+    from spikeops.deployments.serve import runner_settings
 
     monkeypatch.delenv("PREFECT_RUNNER_POLL_FREQUENCY", raising=False)
     default = get_current_settings().runner.poll_frequency
@@ -151,7 +151,7 @@ def test_the_served_runner_polls_every_second_although_prefect_is_already_import
 
 
 def test_the_served_runner_looks_for_runs_every_half_second_unless_told(monkeypatch) -> None:
-    from deployments.serve import runner_poll_s
+    from spikeops.deployments.serve import runner_poll_s
 
     monkeypatch.delenv("PREFECT_RUNNER_POLL_FREQUENCY", raising=False)
     assert runner_poll_s() == 0.5

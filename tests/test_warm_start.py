@@ -1,4 +1,4 @@
-"""Served runs are forked from a process that already imported the flow (deployments.warm_start)."""
+"""Served runs are forked from a process that already imported the flow (spikeops.deployments.warm_start)."""
 
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ ROOT = Path(__file__).resolve().parents[1]
 
 _PROBE = textwrap.dedent("""
     import json, sys
-    from deployments import warm_start
+    from spikeops.deployments import warm_start
 
     def child(queue):
         # what the run's process holds before it imports anything itself
-        queue.put({"flow": "flows.incident_response" in sys.modules, "prefect": "prefect.flow_engine" in sys.modules,
+        queue.put({"flow": "spikeops.flows.incident_response" in sys.modules, "prefect": "prefect.flow_engine" in sys.modules,
                    "diagnosis": "spikeops.diagnosis.engine" in sys.modules})
 
     if __name__ == "__main__":

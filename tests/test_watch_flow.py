@@ -52,7 +52,7 @@ def _runs(deployment_id: Any) -> list[Any]:
 
 @pytest.fixture(scope="module")
 def deployment_id(prefect_server: None) -> Any:
-    from deployments.serve import incident_deployment
+    from spikeops.deployments.serve import incident_deployment
 
     return incident_deployment().apply()
 
@@ -61,8 +61,8 @@ def deployment_id(prefect_server: None) -> Any:
 def receiver(tmp_path: Path, deployment_id: Any) -> Iterator[str]:
     import uvicorn
 
-    from deployments.receiver import ReceiverConfig, create_app
-    from tasks.start import prefect_starter
+    from spikeops.deployments.receiver import ReceiverConfig, create_app
+    from spikeops.tasks.start import prefect_starter
 
     (tmp_path / "spikeops.toml").write_text(CONFIG.format(root=tmp_path))
     app = create_app(prefect_starter(load_config(tmp_path / "spikeops.toml"), announce=False),
@@ -111,7 +111,7 @@ def test_receiver_target_storm_makes_one_run(tmp_path: Path, receiver: str, depl
 
 def test_watch_flow_starts_the_incident_deployment_once(tmp_path: Path, deployment_id: Any,
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    from flows.watch import watch_job
+    from spikeops.flows.watch import watch_job
 
     # --fire deployment opens the incident's Slack thread as the receiver does: into the
     # bundle's outbox here, never to a real workspace.

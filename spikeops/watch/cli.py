@@ -97,7 +97,7 @@ def _target(args: argparse.Namespace, config: Any, out: TextIO) -> Fire:
                                 os.environ.get(RECEIVER_TOKEN_ENV) or None)
     else:
         # Prefect lives outside the core: imported only for this target.
-        from tasks.start import deployment_target
+        from spikeops.tasks.start import deployment_target
 
         start = deployment_target(config, args.job, args.cluster, deployment=args.deployment)
 
