@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["LocalServer", "prefect_api", "start_local_server", "server_environment", "quiet_client_environment",
+__all__ = ["LocalServer", "prefect_api", "configured_api", "start_local_server", "server_environment", "quiet_client_environment",
            "DEFAULT_WAIT_S"]
 
 #: The longest ``serve`` waits for the server's first health answer while its process lives.
@@ -183,15 +183,20 @@ def start_local_server(home: str | Path, port: int, *, wait_s: float = DEFAULT_W
     return server
 
 
+def configured_api() -> str | None:
+    """The API URL Prefect's settings name (environment, profile, ``prefect.toml``), if any."""
+    from prefect.settings import PREFECT_API_URL
+
+    return PREFECT_API_URL.value() or None
+
+
 @contextlib.contextmanager
 def prefect_api(home: str | Path, port: int, *, say: Callable[[str], None] = lambda _line: None,
                 wait_s: float = DEFAULT_WAIT_S) -> Iterator[str]:
     """The Prefect API ``serve`` uses: ``PREFECT_API_URL`` (environment or Prefect profile) when
     set; otherwise a local server of its own (``start_local_server``) for as long as the
     context lasts, which every client and run of this process then talks to."""
-    from prefect.settings import PREFECT_API_URL
-
-    configured = PREFECT_API_URL.value()
+    configured = configured_api()
     if configured:
         yield configured
         return

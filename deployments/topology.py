@@ -180,11 +180,13 @@ def _check_directory(root: Path) -> None:
 
 def up(directory: str | Path, config_path: str | Path, *, workers: int = 1, ui: bool = True,
        port: int | None = None, poll_s: float = 2.0, ready_timeout: float = 180.0, limit: int | None = None,
-       env: Mapping[str, str] | None = None) -> Topology:
+       env: Mapping[str, str] | None = None, warm: bool = True) -> Topology:
     """Start the whole layout in ``directory`` for the clusters of ``config_path``; on any
     failure, what was started is stopped again. ``limit``: flow runs one worker runs at once
     (None: Prefect's default, no limit). ``env``: the workers' environment (default this
-    process's), to which SPIKEOPS_CONFIG, PREFECT_API_URL and the marker are added."""
+    process's), to which SPIKEOPS_CONFIG, PREFECT_API_URL and the marker are added. ``warm``:
+    the workers are ``spikeops worker`` (runs of our flows forked warm); False: Prefect's own
+    ``prefect worker start --type process`` (every run a new interpreter), the baseline."""
     if not 1 <= workers <= 32:
         raise InputError(f"--workers must be from 1 to 32, not {workers}")
     config_file = Path(config_path).expanduser().resolve()
@@ -202,7 +204,7 @@ def up(directory: str | Path, config_path: str | Path, *, workers: int = 1, ui: 
     marker = {MARKER: str(root)}
     try:
         return _start(root, config_file, config, marker, workers=workers, ui=ui, port=port, poll_s=poll_s,
-                      ready_timeout=ready_timeout, limit=limit, env=env)
+                      ready_timeout=ready_timeout, limit=limit, env=env, warm=warm)
     except BaseException:
         try:
             down(root, quiet=True)
@@ -212,7 +214,7 @@ def up(directory: str | Path, config_path: str | Path, *, workers: int = 1, ui: 
 
 
 def _start(root: Path, config_file: Path, config: Any, marker: dict[str, str], *, workers: int, ui: bool,
-           port: int | None, poll_s: float, ready_timeout: float, limit: int | None,
+           port: int | None, poll_s: float, ready_timeout: float, limit: int | None, warm: bool,
            env: Mapping[str, str] | None) -> Topology:
     t0 = time.monotonic()
     server_db = postgres.init(root / "postgres")
@@ -251,7 +253,8 @@ def _start(root: Path, config_file: Path, config: Any, marker: dict[str, str], *
             name = f"{pool.removeprefix('spikeops-')}-{index}"
             worker_log = root / "log" / f"worker-{name}.log"
             with open(worker_log, "ab") as log:
-                argv = [str(BIN / "prefect"), "worker", "start", "--pool", pool, "--type", "process", "--name", name]
+                argv = ([str(BIN / "spikeops"), "worker", "--pool", pool, "--name", name] if warm else
+                        [str(BIN / "prefect"), "worker", "start", "--pool", pool, "--type", "process", "--name", name])
                 process = subprocess.Popen(argv + (["--limit", str(limit)] if limit else []), env=worker_env,
                                            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                            start_new_session=True)
@@ -330,6 +333,8 @@ def _parser() -> argparse.ArgumentParser:
                          help="flow runs one worker runs at once (default: no limit, Prefect's)")
     started.add_argument("--poll", type=float, default=2.0,
                          help="seconds between a worker's polls for new runs (default 2; Prefect's is 10)")
+    started.add_argument("--cold-workers", action="store_true",
+                         help="Prefect's own process workers (each run a new interpreter) instead of spikeops worker")
     stopped = actions.add_parser("down", help="stop everything started in DIR")
     stopped.add_argument("directory", metavar="DIR")
     shown = actions.add_parser("status", help="what runs in DIR")
@@ -344,7 +349,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.action == "up":
             topology = up(args.directory, args.config, workers=args.workers, ui=not args.no_ui, port=args.port,
-                          poll_s=args.poll, limit=args.limit)
+                          poll_s=args.poll, limit=args.limit, warm=not args.cold_workers)
             _say(f"stop it all with: infra/prefect/down {topology.directory}")
             _say("route alerts with: spikeops serve --receiver-only --config " + topology.config)
             print(f"export PREFECT_API_URL={topology.api_url}", flush=True)

@@ -14,9 +14,10 @@ Prefect starts none at import), so a fork of it is safe where a fork of ``serve`
 loop, the receiver's threads) would not be. Prefect documents the hook: the direct starter
 calls its module-level ``run_flow_in_subprocess`` "-- patch the module to override".
 
-Only the served layout (``spikeops serve``) uses it. Workers of a work pool start runs with
-``python -m prefect.engine`` and pay the imports (docs/scaleout.md). ``spikeops serve
---cold-start`` keeps Prefect's own spawn.
+``spikeops serve`` uses it for its served runs, and ``spikeops worker``
+(``spikeops.deployments.warm_worker``) for the runs a work pool gives it, which Prefect's own
+process worker would start with ``python -m prefect.engine``. ``--cold-start`` keeps Prefect's
+own spawn in both.
 """
 
 from __future__ import annotations

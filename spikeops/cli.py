@@ -429,6 +429,24 @@ def _cmd_serve(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     return EXIT_OK
 
 
+def _cmd_worker(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    from spikeops.deployments.local_server import configured_api
+
+    if not configured_api():
+        err.write("spikeops worker: no PREFECT_API_URL: a worker needs the Prefect server its pool lives on\n")
+        return EXIT_USAGE
+    if args.limit is not None and args.limit < 1:
+        raise InputError("--limit: at least 1")
+    from spikeops.deployments.warm_worker import run_worker
+
+    def say(line: str) -> None:
+        out.write(f"{line}\n")
+        out.flush()
+
+    run_worker(args.pool, name=args.name, limit=args.limit, warm=not args.cold_start, say=say)
+    return EXIT_OK
+
+
 def _cmd_demo(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from spikeops.demo import SCENARIOS, DemoOptions, run_demo, stop_demo
 
@@ -662,6 +680,24 @@ def build_parser() -> argparse.ArgumentParser:
                         help="start each incident run in a new interpreter (Prefect's spawn) instead of forking it "
                              "from a process that imported the flow when serve started (3-4 s sooner; docs/flow.md)")
     served.set_defaults(handler=_cmd_serve)
+
+    worker = commands.add_parser(
+        "worker",
+        help="a work-pool worker that starts spikeops' flows warm (the scale-out layout)",
+        description=(
+            "Poll a Prefect process work pool (PREFECT_API_URL) and run its flow runs, like "
+            "`prefect worker start --type process`, except that runs of spikeops' own flows are "
+            "forked from an interpreter that imported Prefect and the flows when the worker started, "
+            "instead of `python -m prefect.engine` importing them again for every run. Other flows on "
+            "the pool run as Prefect's worker runs them. SPIKEOPS_CONFIG names the configuration the "
+            "flows read (docs/scaleout.md)."
+        ),
+    )
+    worker.add_argument("--pool", required=True, help="the work pool, e.g. spikeops-east")
+    worker.add_argument("--name", help="the worker's name (default: Prefect's)")
+    worker.add_argument("--limit", type=int, default=None, help="flow runs this worker runs at once (default: no limit)")
+    worker.add_argument("--cold-start", action="store_true", help="start every run with python -m prefect.engine")
+    worker.set_defaults(handler=_cmd_worker)
 
     configured = commands.add_parser("config", help="check spikeops.toml",
                                      description="Check spikeops.toml: every key's type and range, each "

@@ -110,6 +110,9 @@ def test_three_jobs_on_two_clusters_on_postgres_and_workers(tmp_path: Path) -> N
             logs = "".join((topo / "log" / f"worker-{n}.log").read_text(errors="replace")[-2500:]
                            for n in ("east-1", "west-1"))
             assert {fp: d["state"]["type"] for fp, d in states.items()} == dict.fromkeys(runs, "COMPLETED"), logs
+            # the workers are spikeops worker: each run forked warm, never python -m prefect.engine
+            full = "".join((topo / "log" / f"worker-{n}.log").read_text(errors="replace") for n in ("east-1", "west-1"))
+            assert full.count("warm (spikeops.flows.incident_response") == 4, full[-3000:]
 
             # each run on its cluster's pool, from its cluster's deployment
             for job, fp in alerts:

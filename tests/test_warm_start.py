@@ -55,3 +55,16 @@ def test_without_it_the_runner_spawns_a_bare_interpreter(tmp_path: Path) -> None
     got = _run(tmp_path, "cold")
     assert got == {"method": "spawn", "enabled": False, "flow": False, "prefect": False,
                    "diagnosis": False}
+
+
+def test_the_warm_worker_starts_only_spikeops_flows_named_by_module() -> None:
+    """``spikeops worker`` forks a run warm only for our own flows by module; anything else (a
+    file path, another package's flow, a module that does not load) takes Prefect's own path."""
+    from spikeops.deployments.warm_worker import our_flow
+    from spikeops.flows.incident_response import incident_response
+
+    assert our_flow("spikeops.flows.incident_response.incident_response") is incident_response
+    assert our_flow("spikeops.flows.incident_response:incident_response") is incident_response
+    for other in ("flows/incident_response.py:incident_response", "mypkg.flows.train.train", "",
+                  None, "spikeops.flows.no_such_module.flow", "spikeops.flows.incident_response.IncidentParams"):
+        assert our_flow(other) is None, other
