@@ -115,3 +115,42 @@ def test_console_script_help_runs_as_a_module():
     proc = subprocess.run([sys.executable, "-m", "spikeops", "parse", "--help"], capture_output=True, text=True)
     assert proc.returncode == 0
     assert "--kind" in proc.stdout and "Exit status" in proc.stdout
+
+
+def test_every_command_listed_for_help_is_the_one_built_in_full() -> None:
+    """``spikeops --help`` lists each command by a one-line entry (``COMMANDS``) without
+    importing it; the command's own parser must say the same, or the two drift apart."""
+    from spikeops.cli import COMMANDS, build_parser
+
+    def helps(parser):
+        action = next(a for a in parser._actions if a.dest == "command")
+        return {choice.dest: choice.help for choice in action._choices_actions}
+
+    stubs, full = helps(build_parser()), helps(build_parser(full=True))
+    assert list(stubs) == [name for name, _, _ in COMMANDS] == list(full)
+    assert stubs == full
+    for name, _, _ in COMMANDS:  # each command builds alone, in full: with its handler
+        action = next(a for a in build_parser(name)._actions if a.dest == "command")
+        sub = action.choices[name]
+        assert callable(sub._defaults.get("handler")) or any(
+            callable(getattr(a, "choices", {}) and next(iter(a.choices.values()))._defaults.get("handler"))
+            for a in sub._actions if a.dest in ("action", "config_action")), name
+
+
+def test_a_checkpoint_verify_imports_only_what_it_needs(tmp_path) -> None:
+    """The start-up a verify pays: no other command's modules, no pandas, no Prefect."""
+    import subprocess
+    import sys
+
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / "model.pt").write_bytes(b"x" * 4096)
+    code = ("import sys\nfrom spikeops.cli import main\n"
+            f"assert main(['checkpoint', 'manifest', {str(tmp_path / 'ckpt')!r}]) == 0\n"
+            f"assert main(['checkpoint', 'verify', {str(tmp_path / 'ckpt')!r}]) == 0\n"
+            "print(' '.join(sorted(sys.modules)))\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    loaded = set(done.stdout.split())
+    for heavy in ("pandas", "prefect", "rich", "spikeops.diagnosis", "spikeops.watch", "spikeops.baselines",
+                  "spikeops.cli.serve", "spikeops.cli.scheduler", "spikeops.probes.nvidia_smi"):
+        assert heavy not in loaded, heavy
+    assert "spikeops.cli.checkpoint" in loaded and "blake3" in loaded
