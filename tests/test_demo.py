@@ -25,9 +25,12 @@ def _leftovers(directory: Path) -> list[int]:
     return sorted(scan(lambda pid: mark in proc_read(pid, "cmdline") + proc_read(pid, "environ")))
 
 
-def _demo(tmp_path: Path, scenario: str, *extra: str) -> tuple[str, Path]:
-    directory = tmp_path / "demo"
+def _demo(tmp_path: Path, scenario: str, *extra: str, cache: Path | None = None,
+          name: str = "demo") -> tuple[str, Path]:
+    directory = tmp_path / name
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "SLACK_"))}
+    if cache is not None:
+        env["XDG_CACHE_HOME"] = str(cache)
     done = subprocess.run([str(BIN / "spikeops"), "demo", "--scenario", scenario, "--dir", str(directory), *extra],
                           capture_output=True, text=True, timeout=240, env=env)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -116,3 +119,24 @@ def test_sdc_demo_replays_the_spike_and_drains_only_the_corrupting_node(tmp_path
     done = _line(stdout, "DONE:")
     assert f"drain {bad}: drained" in done and done.count("drain ") == 1 and "resubmitted" in done
     assert _leftovers(directory) == []
+
+
+def test_later_demos_start_prefect_from_the_cached_migrated_database(tmp_path: Path) -> None:
+    """The first demo keeps its freshly migrated database as a template; the next starts from
+    it; a template that is not a database is dropped and made again, and the demo still runs."""
+    import sqlite3
+
+    cache = tmp_path / "cache"
+    first, _ = _demo(tmp_path, "false_alarm", "--scheduler", "local", "--nodes", "2", cache=cache, name="d1")
+    assert "from the cached migrated one" not in first
+    (template,) = (cache / "spikeops").glob("prefect-demo-*.db")
+    with sqlite3.connect(template) as db:
+        tables = {row[0] for row in db.execute("select name from sqlite_master where type = 'table'")}
+    assert {"flow_run", "alembic_version"} <= tables
+    second, _ = _demo(tmp_path, "false_alarm", "--scheduler", "local", "--nodes", "2", cache=cache, name="d2")
+    assert "from the cached migrated one" in second
+    template.write_bytes(b"not a database")
+    third, _ = _demo(tmp_path, "false_alarm", "--scheduler", "local", "--nodes", "2", cache=cache, name="d3")
+    assert "from the cached migrated one" not in third and "DIAGNOSIS: false_alarm" in third
+    with sqlite3.connect(template) as db:  # made again from the third demo's fresh database
+        assert db.execute("select count(*) from alembic_version").fetchone()[0] == 1
