@@ -227,6 +227,11 @@ class _ReceiverApp(FastAPI):
             receive = await fast(scope, receive, send)
             if receive is None:
                 return
+            try:
+                await super().__call__(scope, receive, send)
+            finally:  # copies parked behind this request (HTTP front) get their turn, whatever it was
+                fast.wake(scope["path"], getattr(receive, "body", None))
+            return
         await super().__call__(scope, receive, send)
 
 
@@ -287,6 +292,34 @@ class _FastPath:
         self.config, self.flight, self.size = config, flight, size
         self.parsed: OrderedDict[tuple[str, bytes | tuple[int, bytes]], _Known] = OrderedDict()
         self.lock = threading.Lock()
+        #: Copies waiting for the full path's answer to the first copy of their body (event loop
+        #: only): ``park`` and ``wake``.
+        self.waiting: dict[tuple[str, bytes | tuple[int, bytes]], list[Callable[[], None]]] = {}
+
+    def park(self, path: str, body: bytes, retry: Callable[[], None]) -> bool:
+        """A copy the fast path could not answer, at the HTTP front. The first copy of a body
+        leads (False: hand it to the full path); a copy of a body whose leader is on the full
+        path waits (True) and is ``retry``-ed when the leader has started its keys, or ended.
+
+        The front reads every connection of a storm in one turn of the event loop, before the
+        full path has run for any of them: without this, every copy of a new alert went the
+        full path (about 200 µs each), the whole first storm; with it, one does."""
+        key = (path[8:], _body_key(body))
+        waiting = self.waiting.get(key)
+        if waiting is None:
+            if len(self.waiting) >= self.size:  # a flood of distinct bodies: no more leaders kept
+                return False
+            self.waiting[key] = []
+            return False
+        waiting.append(retry)
+        return True
+
+    def wake(self, path: str, body: bytes | None) -> None:
+        """The full path has begun (or refused) the leader of ``body``: its parked copies try again."""
+        if body is None or not self.waiting:
+            return
+        for retry in self.waiting.pop((path[8:], _body_key(body)), ()):
+            retry()
 
     def learn(self, source: str, body: bytes, firing: list[tuple[Alert, str]]) -> None:
         """The full path's parse of a body of firing alerts only (with their keys)."""
@@ -364,6 +397,7 @@ def _replay(body: bytes | None, receive: Any, pending: Any = None, more: bool = 
             return queue.pop(0)
         return await receive()
 
+    replay.body = body  # type: ignore[attr-defined]  # what the full path was given (``wake``)
     return replay
 
 
@@ -396,17 +430,25 @@ def create_app(starter: Starter, config: ReceiverConfig | None = None,
             # known before the start: the copies that arrive while it is in flight are answered
             # by the fast path too (it answers only keys in flight or remembered)
             fast.learn(source, body, [(alert, idempotency_key(alert)) for alert in alerts])
-        answers = []
+        begun = []
         for alert in alerts:
             if alert.status != "firing":
-                _emit(emit, alert)
-                answers.append({"job": alert.job, "status": alert.status, "flow_run": None, "ignored": "resolved"})
+                begun.append((alert, None, "resolved", None))
                 continue
             key = idempotency_key(alert)
             how, run = flight.begin(alert, key) if coalesce else ("started", None)
             if how == "busy":
                 return JSONResponse({"error": "too many incidents being started at once; retry"},
                                     status_code=503, headers={"Retry-After": "5"})
+            begun.append((alert, key, how, run))
+        if fast is not None:  # every key is in flight or remembered now: parked copies are answered
+            fast.wake(request.url.path, body)
+        answers = []
+        for alert, key, how, run in begun:
+            if how == "resolved":
+                _emit(emit, alert)
+                answers.append({"job": alert.job, "status": alert.status, "flow_run": None, "ignored": "resolved"})
+                continue
             if how == "started":
                 _emit(emit, alert)
                 try:

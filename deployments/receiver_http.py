@@ -27,6 +27,8 @@ __all__ = ["server_config", "freeze_heap", "StormProtocol"]
 
 #: bytes of one request held before the front gives the connection to uvicorn
 MAX_HELD = 64 * 1024
+#: the longest a copy waits for the first copy of its body to be begun on the full path
+PARK_S = 2.0
 
 
 def server_config(app: Any, host: str, port: int, **overrides: Any) -> Any:
@@ -83,6 +85,7 @@ class StormProtocol(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.idle: asyncio.TimerHandle | None = None
         self.held = bytearray()
+        self.parked: asyncio.TimerHandle | None = None
         self._reset()
 
     def _reset(self) -> None:
@@ -103,12 +106,18 @@ class StormProtocol(asyncio.Protocol):
         self.server_state.connections.discard(self)
         if self.idle is not None:
             self.idle.cancel()
+        if self.parked is not None:
+            self.parked.cancel()
+            self.parked = None
 
     def data_received(self, data: bytes) -> None:
         if self.idle is not None:
             self.idle.cancel()
             self.idle = None
         self.held += data
+        if self.parked is not None:  # more while a copy waits (pipelining): all of it to uvicorn
+            self._hand_over()
+            return
         try:
             self.parser.feed_data(data)
         except Exception:  # bad HTTP, an upgrade, an error in a callback: uvicorn's to answer
@@ -163,9 +172,14 @@ class StormProtocol(asyncio.Protocol):
 
     # the two outcomes
 
-    def _answer(self) -> None:
+    def _answer(self, *, park: bool = True) -> None:
+        path = self.url.decode("ascii")
         try:
-            rendered = self.fast.answer(self.url.decode("ascii"), self.body, self.headers)  # type: ignore[union-attr]
+            rendered = self.fast.answer(path, self.body, self.headers)  # type: ignore[union-attr]
+            if rendered is None and park and self.fast.park(path, self.body, self._retry):  # type: ignore[union-attr]
+                # another copy of this body is on the full path: answered when it has begun
+                self.parked = self.loop.call_later(PARK_S, self._retry)
+                return
         except Exception:  # never a 500 of ours here: uvicorn and the app answer it
             rendered = None
         if rendered is None:
@@ -181,6 +195,17 @@ class StormProtocol(asyncio.Protocol):
         self._reset()
         self.idle = self.loop.call_later(self.config.timeout_keep_alive, self._close_idle)
 
+    def _retry(self) -> None:
+        """A parked copy's second try (its leader has begun or ended, or ``PARK_S`` passed):
+        the fast path, or uvicorn's full path; never parked again."""
+        if self.parked is None:
+            return  # already retried (woken, then the timer; or the other way round)
+        self.parked.cancel()
+        self.parked = None
+        if self.transport is None or self.transport.is_closing():
+            return
+        self._answer(park=False)
+
     def _close_idle(self) -> None:
         if self.transport is not None and not self.transport.is_closing():
             self.transport.close()
@@ -193,6 +218,9 @@ class StormProtocol(asyncio.Protocol):
         if self.idle is not None:
             self.idle.cancel()
             self.idle = None
+        if self.parked is not None:
+            self.parked.cancel()
+            self.parked = None
         protocol = HttpToolsProtocol(config=self.config, server_state=self.server_state, app_state=self.app_state,
                                      _loop=self.loop)
         transport, held = self.transport, bytes(self.held)

@@ -30,15 +30,17 @@ TOKEN = "s3cret"
 
 
 @contextmanager
-def serving(config: ReceiverConfig | None = None, **overrides: Any) -> Iterator[tuple[Any, int, list[str]]]:
+def serving(config: ReceiverConfig | None = None, start_s: float = 0.0,
+            **overrides: Any) -> Iterator[tuple[Any, int, list[str]]]:
     """The receiver under uvicorn as ``spikeops serve`` configures it, in a thread; the server,
-    its port and the starter's calls."""
+    its port and the starter's calls (each taking ``start_s``, as Prefect's API does)."""
     import uvicorn
 
     calls: list[str] = []
 
     def starter(alert: Any, key: str) -> str:
         calls.append(key)
+        time.sleep(start_s)
         return f"run-{len(calls)}"
 
     app = create_app(starter, config or ReceiverConfig(token=TOKEN))
@@ -265,3 +267,29 @@ def test_server_config_and_the_frozen_heap() -> None:
         assert gc.get_freeze_count() > 10_000  # the heap of pytest, FastAPI, the app
     finally:
         gc.unfreeze()
+
+
+@pytest.mark.parametrize("token", [TOKEN, "wrong"])
+def test_a_storm_of_a_new_alert_sends_one_copy_the_full_path(token: str) -> None:
+    """All copies of a new alert arrive before the full path has run for any of them: the first
+    goes the full path; the others wait at the front until it has begun the key, and are then
+    answered there (in flight). With wrong credentials the leader is refused, and so is each
+    waiting copy, on the full path."""
+    with serving(start_s=0.5) as (server, port, calls):
+        connections = [Connection(port) for _ in range(60)]
+        wait_for("every connection accepted", lambda: len(server.server_state.connections) >= 60, 10)
+        copy = request(headers={"Authorization": f"Bearer {token}"})
+        for connection in connections:
+            connection.send(copy)
+        answers = [connection.answer() for connection in connections]
+        handed = sum(1 for c in server.server_state.connections if type(c).__name__ == "HttpToolsProtocol")
+        if token == TOKEN:
+            assert [a[0] for a in answers] == [202] * 60
+            starts = [json.loads(a[2])["accepted"][0]["start"] for a in answers]
+            assert starts.count("started") == 1 and set(starts) <= {"started", "in-flight", "remembered"}
+            assert len(calls) == 1 and handed == 1, (handed, starts)
+        else:
+            assert [a[0] for a in answers] == [401] * 60 and calls == []
+            assert handed == 60  # each refused by the full path, as before
+        for connection in connections:
+            connection.close()
