@@ -290,8 +290,11 @@ _EPOCH_HEADER = re.compile(r"^\s*Epoch\s+(?P<epoch>\d{1,9})/\d{1,9}\s*$")
 #: A non-finite loss announced in words, with no step (TensorFlow's ``Model diverged with
 #: loss = NaN.``, ``Loss is nan, stopping training``).
 _NAN_MESSAGE = re.compile(
-    r"diverged with loss\s*=\s*nan|\bloss\s+(?:is|became|becomes|=|:)\s*(?:nan|inf)\b|\bnan loss\b", re.I
+    r"diverged with loss\s*=\s*nan|\bloss\s+(?:is|became|becomes|=|:)\s*(?:nan|inf)\b|\bnan loss\b"
+    r"|\bloss became infinite or nan\b|\bloss(?:tensor)? is inf or nan\b|\bnon-finite loss\b", re.I
 )
+#: The step a NaN message names (detectron2's ``Loss became infinite or NaN at iteration=1029!``).
+_NAN_AT = re.compile(r"\bat (?:iteration|iter|step)\s*[=:]?\s*(?P<step>\d{1,18})\b", re.I)
 #: fairseq / metaseq: ``| WARNING: overflow detected, setting loss scale to: 0.25``.
 _FAIRSEQ_OVERFLOW = re.compile(rf"overflow detected, setting loss scale to:?\s*(?P<v>{_NUM})", re.I)
 #: The scaler at its floor: the run stops on the next overflow.
@@ -838,12 +841,16 @@ def _read_generic(number: int, line: str, epoch: int | None = None,
 
 
 def _read_nan_message(builder: _Builder, number: int, line: str) -> StepRecord | None:
-    """A non-finite loss announced without a step: the step after the last one logged (one
-    record however many ranks print it)."""
+    """A non-finite loss announced in words: at the step it names, else the step after the
+    last one logged (one record however many ranks print it)."""
     last = builder.records[-1] if builder.records else None
     if last is not None and last.source == "nan-message":
         return None
-    step = last.step + 1 if last is not None else builder.next_ordinal()
+    named = _NAN_AT.search(line)
+    if named is not None:
+        step = int(named["step"])
+    else:
+        step = last.step + 1 if last is not None else builder.next_ordinal()
     return StepRecord(step=step, loss=math.nan, line=number, text=clip(line), source="nan-message",
                       time=_time_in(line))
 
