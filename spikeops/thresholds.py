@@ -17,7 +17,7 @@ __all__ = [
     "Z_SPIKE", "REL_SPIKE", "MIN_HISTORY", "SHORT_HISTORY", "WINDOW",
     "RATIO_SHORT", "CLIMB_RISES", "CLIMB_REL", "ABSURD_LOSS", "ABSURD_LR", "MIN_POINTS",
     "JUMP_WINDOW", "JUMP_QUANTILE", "JUMP_FACTOR", "JUMP_MIN_HISTORY", "ROUTINE_MEMORY", "ROUTINE_MARGIN",
-    "ORDER_OF_MAGNITUDE", "PERSIST_POINTS",
+    "ORDER_OF_MAGNITUDE", "PERSIST_POINTS", "ROUTINE_CEILING",
 ]
 
 #: A spike is this many noise units above the running level...
@@ -65,6 +65,9 @@ JUMP_MIN_HISTORY = 100
 #: points, that came back) is routine: recorded, not an incident, unless it stays up.
 ROUTINE_MEMORY = 2000
 ROUTINE_MARGIN = 1.5
+#: A loss that doubles in one step is never a run's texture, however often it did before
+#: (healthy per-step runs jump to 1.5-1.8x their level and straight back; 2x is trouble).
+ROUTINE_CEILING = 2.0
 #: A jump this many times the level is an incident whatever the history (even of two points).
 ORDER_OF_MAGNITUDE = 10.0
 #: An excursion still up after this many logged points did not come back: an incident, routine

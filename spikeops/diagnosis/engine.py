@@ -50,7 +50,8 @@ ALL_RULES = (*data.RULES, *numeric.RULES, *communication.RULES, *hardware.RULES,
              replay.hardware_silent_data_corruption)
 #: A finding must reach this confidence to be the primary cause or to convict nodes.
 PRIMARY_THRESHOLD = 0.5
-#: Below it, a weak but current finding still beats the symptom's generic direction.
+#: A finding between this and PRIMARY_THRESHOLD is a lead: said in an inconclusive summary,
+#: never named as the cause.
 TENTATIVE_THRESHOLD = 0.4
 #: When nothing holds, the seed table's most likely direction for the symptom: said in the
 #: inconclusive summary as a direction, never named as the cause.
@@ -219,9 +220,11 @@ def _crash(ctx: Context) -> EvidenceLine | None:
     return None
 
 
-def _inconclusive(ctx: Context, quiet: tuple[str, list[str], list[EvidenceLine]] | None = None) -> Finding:
+def _inconclusive(ctx: Context, quiet: tuple[str, list[str], list[EvidenceLine]] | None = None,
+                  lead: Finding | None = None) -> Finding:
     """No rule holds. With nothing judged, what could not be read; with an anomaly, the seed's
-    direction for it; with a flat loss that slowed or died, that. Then what to collect."""
+    direction for it (and the strongest lead below the bar, as a lead); with a flat loss that
+    slowed or died, that. Then what to collect."""
     symptom = ctx.symptom.symptom
     collect = _what_to_collect(ctx)
     evidence: list[EvidenceLine] = []
@@ -232,6 +235,9 @@ def _inconclusive(ctx: Context, quiet: tuple[str, list[str], list[EvidenceLine]]
     elif symptom in DIRECTIONS:
         summary = (f"{symptom.replace('_', ' ')} at step {ctx.spike}, and no rule holds on what was read; "
                    + _direction(ctx))
+        if lead is not None:
+            summary += (f"; the strongest lead, below the bar of a finding: {lead.cause.replace('_', ' ')} at "
+                        f"{lead.confidence:.2f} ({lead.summary[:160]})")
         evidence = _metrics_evidence(ctx, [ctx.spike], "spike")
     else:
         summary = ("; ".join(ctx.symptom.unread) or "no step metrics could be judged") + ", and no rule holds on what was read"
@@ -326,11 +332,10 @@ def diagnose_facts(facts: BundleFacts) -> Diagnosis:
         findings.insert(0, primary)
     elif holding:
         primary = holding[0]
-    elif tentative and quiet is None:
-        primary = tentative[0]
     else:
-        # A guess is a guess: no rule holds, so no cause is named (quiet: slowed or died).
-        primary = _inconclusive(ctx, quiet)
+        # A guess is a guess: no rule holds, so no cause is named (quiet: slowed or died); a
+        # weaker lead (a rule that fired below the bar) is said as one, not as the cause.
+        primary = _inconclusive(ctx, quiet, tentative[0] if tentative else None)
         findings.insert(0, primary)
     if primary is not findings[0]:
         findings.remove(primary)

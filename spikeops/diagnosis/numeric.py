@@ -75,6 +75,9 @@ def _absurd_lr(ctx: Context) -> list[Finding]:
 
 #: Logged LR values before a NaN over which a warm-up climb is judged.
 WARMUP_POINTS = 5
+#: A climbing LR at its peak: the first logged LR below this fraction of the highest (an LR
+#: that only rose over the log, by at least 3 %).
+WARMUP_RISE = 0.97
 
 
 def _nan_in_warmup(ctx: Context, lr: pd.Series) -> list[Finding]:
@@ -146,7 +149,11 @@ def numeric_lr_too_high(ctx: Context) -> list[Finding]:
         around = lr.iloc[max(0, spike_pos - LR_NEAR): spike_pos + LR_NEAR // 5 + 1].dropna()
         history = lr.loc[:ctx.spike].dropna()
         at_spike = float(lr.loc[ctx.spike]) if ctx.spike in lr.index and lr.notna().loc[ctx.spike] else None
-        rising = len(history) > 5 and float(history.iloc[0]) < 0.9 * float(history.max())
+        # A warm-up in the log: the LR never fell and rose by a visible amount (an excerpt may
+        # hold only the last stretch of a long linear warm-up: a few percent of it).
+        steps = history.diff().dropna()
+        rising = len(history) > 5 and (float(history.iloc[0]) < 0.9 * float(history.max()) or (
+            bool((steps >= 0).all()) and float(history.iloc[0]) < WARMUP_RISE * float(history.max())))
         if at_spike is not None and len(around) and at_spike >= 0.95 * float(around.max()) and rising \
                 and float(around.max()) >= float(history.max()):
             step = int(history.idxmax())

@@ -41,6 +41,7 @@ from spikeops.thresholds import (
     JUMP_MIN_HISTORY,
     JUMP_QUANTILE,
     JUMP_WINDOW,
+    ROUTINE_CEILING,
     ROUTINE_MARGIN,
     ROUTINE_MEMORY,
     CLIMB_REL,
@@ -359,8 +360,9 @@ def routine_jumps(loss: pd.Series, level: pd.Series, flagged: np.ndarray) -> np.
     point is back (not flagged), and either the excursion is within JUMP_FACTOR times the
     JUMP_QUANTILE of the run's own step-to-step changes over the JUMP_WINDOW points before it,
     or the run made a comparable one (ROUTINE_MARGIN) that came back within ROUTINE_MEMORY
-    points before it. Judged on the run's own texture, not its median noise: a per-step log
-    of a healthy run jumps 20-40 % now and then (a hard batch) and comes straight back."""
+    points before it; never a loss that doubles (ROUTINE_CEILING). Judged on the run's own
+    texture, not its median noise: a per-step log of a healthy run jumps 20-80 % now and then
+    (a hard batch) and comes straight back."""
     out = np.zeros(len(loss), dtype=bool)
     finite = np.flatnonzero(loss.notna().to_numpy())
     if len(finite) < 3 or not flagged[finite].any():
@@ -375,6 +377,9 @@ def routine_jumps(loss: pd.Series, level: pd.Series, flagged: np.ndarray) -> np.
         if not math.isfinite(base) or base == 0 or i + 1 >= len(values) or flags[i + 1]:
             continue  # the last point, or one that stays up: not a one-step jump
         size = (values[i] - base) / abs(base)
+        if values[i] >= ROUTINE_CEILING * base:
+            past.append((i, size))
+            continue  # a loss that doubles in one step is never a run's texture
         window = changes[max(0, i - 1 - JUMP_WINDOW): max(0, i - 1)]
         within_texture = len(window) >= JUMP_MIN_HISTORY and \
             values[i] - base < JUMP_FACTOR * float(np.quantile(window, JUMP_QUANTILE))
