@@ -475,7 +475,14 @@ def _judge(frame: pd.DataFrame, first: int, rules: pd.Series, level: pd.Series, 
     result.level = float(base) if math.isfinite(base) else None
     post = frame.iloc[peak + 1:]
     post_loss = post["loss"].where(~post["loss_bad"])
-    if result.level is None:
+    if result.level is None and bool(frame["loss_bad"].iloc[first]) and len(post) \
+            and not bool(post["loss_bad"].iloc[-1]) and math.isfinite(float(post["loss"].iloc[-1])):
+        # Non-finite from the first logged point, finite after it: the NaN did not last (the
+        # spec's instant NaN stays), the tallest spike there is, and it is over.
+        result.recovered = True
+        result.symptom = "single_spike"
+        result.notes.append("non-finite at the start of the log and finite after it: the NaN did not last")
+    elif result.level is None:
         # Anomalous from the first logged point (an absurd loss): no level to come back to.
         result.recovered = False
         result.symptom = "spike_no_recovery"
