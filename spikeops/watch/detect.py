@@ -520,10 +520,12 @@ class Detector:
                 return None
             _, _, scale = self._loss.z(loss)
             size = loss / level - 1
-            if loss >= config.order_of_magnitude * level:
+            if loss >= ROUTINE_CEILING * level and len(self._loss) >= 2 or loss >= config.order_of_magnitude * level:
+                # Doubling is never a run's texture; ten times the level needs no history at all.
                 self._excursion = _Excursion(step, loss, level, scale, size, False, True, index)
+                what = "an order of magnitude" if loss >= config.order_of_magnitude * level else "it doubled"
                 return _Finding("loss_spike", loss, size, f"loss {_fmt(loss)} is {loss / level:.1f}x its level "
-                                f"{_fmt(level)} (an order of magnitude, with {len(self._loss)} value(s) of history)")
+                                f"{_fmt(level)} ({what}, with {len(self._loss)} value(s) of history)")
             self._excursion = _Excursion(step, loss, level, scale, size, False, False, index)
             return None
         z, level, scale = self._loss.z(loss)
