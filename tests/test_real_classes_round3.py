@@ -323,3 +323,24 @@ def test_watch_config_takes_the_texture_keys():
     config = WatchConfig.from_table({"persist_steps": 8, "jump_factor": 3, "routine_memory": 500,
                                      "routine_margin": 2.0, "order_of_magnitude": 20})
     assert (config.persist_steps, config.jump_factor, config.routine_memory) == (8, 3.0, 500)
+
+
+def test_a_syslog_kernel_log_is_dated_in_the_incidents_year(tmp_path):
+    """A node's kernel log in syslog form (no year): its Xid is placed in the incident's year
+    and, inside the window, convicts the node (it was 'time unknown' before)."""
+    writer = BundleWriter(tmp_path)
+    window = {"start": "2026-05-19T06:00:00Z", "end": "2026-05-19T08:00:00Z"}
+    writer.write_incident(incident(["gpu-node-17", "gpu-node-18"], window, "2026-05-19T07:10:00Z"))
+    (tmp_path / "train.log").write_text(fixture("detectron2.log"))
+    for node in ("gpu-node-17", "gpu-node-18"):
+        (tmp_path / "nodes" / node).mkdir(parents=True)
+    (tmp_path / "nodes" / "gpu-node-17" / "kernel.log").write_text(
+        "May 19 07:01:02 gpu-node-17 kernel: [1200.1] usb 1-1: new high-speed USB device number 2\n"
+        "May 19 07:08:57 gpu-node-17 kernel: [1234.5] NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, "
+        "GPU has fallen off the bus.\n")
+    (tmp_path / "nodes" / "gpu-node-18" / "kernel.log").write_text(
+        "May 19 07:01:02 gpu-node-18 kernel: [1200.1] usb 1-1: new high-speed USB device number 2\n")
+    got = diagnose(tmp_path).to_json()
+    xid = next(f for f in got["findings"] if f["cause"] == "gpu_xid")
+    assert "2026-05-19T07:08:57" in xid["summary"]
+    assert got["culprit_nodes"] == ["gpu-node-17"]
