@@ -16,6 +16,8 @@ from __future__ import annotations
 __all__ = [
     "Z_SPIKE", "REL_SPIKE", "MIN_HISTORY", "SHORT_HISTORY", "WINDOW",
     "RATIO_SHORT", "CLIMB_RISES", "CLIMB_REL", "ABSURD_LOSS", "ABSURD_LR", "MIN_POINTS",
+    "JUMP_WINDOW", "JUMP_QUANTILE", "JUMP_FACTOR", "JUMP_MIN_HISTORY", "ROUTINE_MEMORY", "ROUTINE_MARGIN",
+    "ORDER_OF_MAGNITUDE", "PERSIST_POINTS", "ROUTINE_CEILING",
 ]
 
 #: A spike is this many noise units above the running level...
@@ -44,3 +46,30 @@ ABSURD_LR = 1.0
 #: Fewer logged loss values than this, with nothing anomalous among them, cannot tell a
 #: healthy run: the symptom is ``unknown``, never ``none``.
 MIN_POINTS = 3
+
+# ------------------------------------------------------------------ a run's own texture
+#
+# A healthy run logged every step jumps now and then (a hard batch: 3.6 -> 5.2 -> 3.8 in one
+# step, every few hundred steps in public runs), far beyond its median step-to-step change.
+# Such a one-step excursion is judged against the run's own jumps, not its median noise:
+
+#: ...against the JUMP_QUANTILE of its |step-to-step changes| over the last JUMP_WINDOW logged
+#: points: a one-step excursion is a spike only when it is JUMP_FACTOR times that (once
+#: JUMP_MIN_HISTORY points give the quantile a meaning)...
+JUMP_WINDOW = 500
+JUMP_QUANTILE = 0.99
+JUMP_FACTOR = 2.0
+JUMP_MIN_HISTORY = 100
+#: ...and against its history of jumps: one that the run already made (an excursion at least
+#: 1/ROUTINE_MARGIN as large, relative to the level, within the last ROUTINE_MEMORY logged
+#: points, that came back) is routine: recorded, not an incident, unless it stays up.
+ROUTINE_MEMORY = 2000
+ROUTINE_MARGIN = 1.5
+#: A loss that doubles in one step is never a run's texture, however often it did before
+#: (healthy per-step runs jump to 1.5-1.8x their level and straight back; 2x is trouble).
+ROUTINE_CEILING = 2.0
+#: A jump this many times the level is an incident whatever the history (even of two points).
+ORDER_OF_MAGNITUDE = 10.0
+#: An excursion still up after this many logged points did not come back: an incident, routine
+#: size or not, short history or long (the observation window of a single spike).
+PERSIST_POINTS = 5

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from datetime import UTC, datetime, timedelta
 
-__all__ = ["parse_iso", "parse_any", "parse_ctime", "parse_syslog", "from_unix", "iso"]
+__all__ = ["parse_iso", "parse_any", "parse_ctime", "parse_syslog", "parse_yearless", "year_for", "from_unix", "iso"]
 
 _ISO = re.compile(
     r"^(?P<date>\d{4}-\d{2}-\d{2})[T ](?P<h>\d{2}):(?P<m>\d{2})(?::(?P<s>\d{2})(?:[.,](?P<frac>\d+))?)?"
@@ -93,6 +93,31 @@ def parse_syslog(text: str, year: int | None) -> datetime | None:
         )
     except ValueError:
         return None
+
+
+#: A yearless time up to this far after the reference still takes the reference's year (the
+#: incident is dated when it opens; the job printed its last lines just before).
+_YEARLESS_GRACE = timedelta(days=2)
+
+
+def year_for(month: int, day: int, reference: datetime) -> int:
+    """The year of a yearless ``month``/``day`` seen near ``reference`` (the incident): the
+    reference's own, or the year before when that would put the date in the future."""
+    try:
+        candidate = datetime(reference.year, month, day, tzinfo=UTC)
+    except ValueError:  # Feb 29 in a common year: the leap year before is the one meant
+        return reference.year - 1
+    return reference.year - 1 if candidate > reference.astimezone(UTC) + _YEARLESS_GRACE else reference.year
+
+
+def parse_yearless(text: str, reference: datetime | None) -> datetime | None:
+    """``May 19 07:08:57`` (syslog, a kernel line copied into a job's log) on the wall clock
+    of ``reference``: its year, or the year before when that would be in the future. Without a
+    reference the time stays unknown (None), never guessed."""
+    match = _SYSLOG.match(text.strip())
+    if not match or reference is None or match["mon"] not in _MONTHS:
+        return None
+    return parse_syslog(text, year_for(_MONTHS[match["mon"]], int(match["day"]), reference))
 
 
 def parse_any(value: object) -> datetime | None:

@@ -142,7 +142,12 @@ def test_real_logs_onset_precedes_spike_with_a_precursor(tmp_path):
     shutil.copy(REAL / "training-logs" / "104b-wide-fp16-grad-norm-and-loss-spike_bigscience.txt", tmp_path / "train.log")
     document = diagnose(tmp_path).to_json()
     assert document["onset_step"] == 8740  # the grad norm exploded one logged step before the loss
-    assert document["findings"][0]["cause"] in ("grad_explosion", "lr_too_high", "loss_scale_collapse")
+    # One logged step of climb is a lead below the bar of a finding (0.45): said as a lead in the
+    # inconclusive summary, never named as the cause (issue 28: a guess is a guess).
+    assert document["primary"]["cause"] == "inconclusive"
+    lead = next(f for f in document["findings"] if f["cause"] == "grad_explosion")
+    assert 0.4 <= lead["confidence"] < 0.5
+    assert "the strongest lead, below the bar of a finding: grad explosion" in document["findings"][0]["summary"]
 
 
 @pytest.mark.parametrize("name", ["13b-fp16-lm-loss-spike-3-to-9_bigscience.txt",

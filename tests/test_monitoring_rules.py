@@ -51,7 +51,7 @@ def _run(argv: list[str], cwd: Path | None = None) -> subprocess.CompletedProces
 def test_promtool_checks_the_rules() -> None:
     result = _run([_tool("promtool"), "check", "rules", str(RULES)])
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "SUCCESS: 5 rules found" in result.stdout
+    assert "SUCCESS: 8 rules found" in result.stdout
 
 
 @pytest.mark.parametrize("name", ["alertmanager.yml", "alertmanager-local.yml"])
@@ -275,3 +275,54 @@ def test_each_anomaly_fires_its_alert(tmp_path: Path, kind: str, interval: float
          "eval_time": f"{int(after)}s", "exp_samples": [{"labels": labels, "value": 1}]},
     ]
     _promtool_test(tmp_path, f"{kind}-{interval:g}s", interval, [job], after + interval, checks)
+
+
+# ---------------------------------------------------------------------------- a run's own texture
+
+
+def _jump(curve: Curve, seconds: float, factor: float, lasting: float) -> None:
+    """The loss jumps by ``factor`` at ``seconds`` into the run and stays there ``lasting``."""
+    begin = _at(curve, seconds)
+    end = _at(curve, seconds + lasting)
+    curve.loss[begin:max(end, begin + 1)] *= factor
+
+
+def test_jumps_the_run_makes_routinely_do_not_fire_but_one_that_stays_does(tmp_path: Path) -> None:
+    """A run that jumps 40 % above its level for a minute and a half every twenty minutes, as a
+    healthy run logged every step does on hard batches: the first such jump may page (nothing
+    like it before), the ones after it do not; the same jump held for fifteen minutes pages."""
+    interval = 15.0
+    curve = _long_enough(11, 4 * 3600.0)
+    for minute in (40, 60, 80, 100, 120):
+        _jump(curve, minute * 60.0, 1.4, 90.0)
+    held = 140 * 60.0
+    _jump(curve, held, 1.4, 900.0)
+    quiet_from, quiet_to = 50 * 60, int(held // interval) * interval
+    fired_by = int(math.ceil((held + 300 + 45 + 3 * interval) / interval)) * interval
+    checks = [
+        {"expr": f'count_over_time(ALERTS{{alertstate="firing"}}[{int(quiet_to - quiet_from)}s])',
+         "eval_time": f"{int(quiet_to)}s", "exp_samples": []},
+        {"expr": f'max_over_time(ALERTS{{alertstate="firing", alertname="TrainingLossSpike"}}'
+                 f'[{int(fired_by - quiet_to)}s])', "eval_time": f"{int(fired_by)}s",
+         "exp_samples": [{"labels": '{alertname="TrainingLossSpike", alertstate="firing", cluster="sim", '
+                                    'instance="gpu-001:9464", job="training", job_id="texture", severity="page"}',
+                          "value": 1}]},
+    ]
+    _promtool_test(tmp_path, "texture-15s", interval, [Job("texture", curve)], fired_by + interval, checks)
+
+
+def test_an_order_of_magnitude_fires_with_a_short_history(tmp_path: Path) -> None:
+    """An exporter (re)started a minute and a half ago: too little history for the robust test,
+    but a loss twenty times its level is an incident at once (it stays over ten times its
+    5-minute median for the rule's 45 s while that median catches up)."""
+    interval = 15.0
+    curve = healthy(12, 400)
+    jump_at = 90.0
+    _jump(curve, jump_at, 20.0, 600.0)
+    fired_by = int(math.ceil((jump_at + 45 + 3 * interval) / interval)) * interval
+    checks = [{"expr": f'max_over_time(ALERTS{{alertstate="firing", alertname="TrainingLossSpike"}}[{int(fired_by)}s])',
+               "eval_time": f"{int(fired_by)}s",
+               "exp_samples": [{"labels": '{alertname="TrainingLossSpike", alertstate="firing", cluster="sim", '
+                                          'instance="gpu-001:9464", job="training", job_id="late", severity="page"}',
+                                "value": 1}]}]
+    _promtool_test(tmp_path, "magnitude-15s", interval, [Job("late", curve)], fired_by + interval, checks)

@@ -258,7 +258,10 @@ def test_rng_not_restored_is_never_guessed_for_a_run_that_never_resumed(tmp_path
     text = "".join(f"step {10 * i} loss {value:.4f}\n" for i, value in enumerate(loss))
     got = bundle_with_log(tmp_path, text)
     assert got["symptom"] == "creeping_increase"
-    assert got["primary"]["cause"] == "lr_too_high" and got["primary"]["confidence"] <= 0.3
+    # No rule holds: a guess is labelled a guess, and its direction leaves the data order out.
+    assert got["primary"] == {"layer": "none", "cause": "inconclusive", "confidence": 0.2}
+    summary = got["findings"][0]["summary"]
+    assert "never resumed" in summary and "a direction, not a finding" in summary
     assert not [f for f in got["findings"] if f["cause"] == "rng_not_restored"]
 
 

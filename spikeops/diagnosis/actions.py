@@ -62,6 +62,34 @@ def _cause_actions(primary: Finding, findings: list[Finding], culprits: list[str
     return []
 
 
+def _inconclusive_actions(symptom: str, resume_from: dict[str, Any] | None,
+                          collect: list[str] | None) -> list[dict[str, Any]]:
+    """No rule names a cause: protect the run as the symptom requires (the matrix's first
+    column does not wait for a cause), run the seed's confirmation tests (detect_anomaly for
+    a NaN, 0.3x LR for a spike that stays), say what to collect, and resume only from a
+    verified checkpoint, which the approval gate puts to a person. Nothing is isolated, and
+    with nothing judged (unknown) or a flat loss, nothing is stopped."""
+    actions: list[dict[str, Any]] = []
+    stop = symptom in ("instant_nan", "spike_no_recovery", "creeping_increase")
+    if stop:
+        actions.append({"kind": "stop_job"})
+        if symptom in ("instant_nan", "spike_no_recovery"):
+            actions.append({"kind": "preserve_state"})
+    elif symptom == "single_spike":
+        actions.append({"kind": "observe", "steps": 50})
+    if symptom == "instant_nan":
+        actions.append({"kind": "detect_anomaly", "steps": 10})
+    if symptom == "spike_no_recovery":
+        actions.append({"kind": "lr_test", "factor": 0.3})
+    actions.append({"kind": "collect_evidence", "what": list(collect or [])})
+    if stop and resume_from is not None:
+        actions.append({"kind": "resume", "step": resume_from["step"], "path": resume_from["path"]})
+    why = ("no rule names a cause: see the summary and what to collect" if symptom in ("instant_nan", "single_spike",
+           "spike_no_recovery", "creeping_increase") else "the evidence needed to judge could not be read: see missing")
+    actions.append({"kind": "notify", "why": why})
+    return actions
+
+
 def plan_actions(
     symptom: str,
     primary: Finding,
@@ -74,9 +102,7 @@ def plan_actions(
     if primary.cause == "false_alarm":
         return [{"kind": "notify", "why": "the metrics show nothing anomalous"}]
     if primary.cause == "inconclusive":
-        # Nothing to act on: neither stop nor resume on evidence that was not read.
-        return [{"kind": "collect_evidence", "what": list(collect or [])},
-                {"kind": "notify", "why": "the evidence needed to judge could not be read: see missing"}]
+        return _inconclusive_actions(symptom, resume_from, collect)
     strong = primary.confidence >= 0.8 and primary.cause in _ACTIONABLE
     # A GPU or link fault the job printed without naming its node: a faulty node keeps
     # polluting the gradients (the seed), so the job stops until the node is found.

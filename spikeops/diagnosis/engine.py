@@ -13,11 +13,18 @@ Weighing encodes the framework's judgments, not a tuning of scores:
 Only findings that convict, with confidence >= 0.5, put nodes in ``culprit_nodes``;
 thermal throttling convicts only when it is itself the primary cause.
 
-Unread is not healthy: ``false_alarm`` needs step metrics that were read and show nothing;
-when none could be judged (symptom ``unknown``) and no rule holds on what was read, the
-primary is ``inconclusive`` (confidence 0.2, no culprit, no resume) and the actions say what to
-collect. Findings about a node that say nothing of the cause (layer hardware, cause
-``inconclusive``) are never the primary.
+A guess is a guess: a cause is named only by a rule that holds. When none does, the primary
+is ``inconclusive`` (confidence 0.2, never a culprit): with the symptom ``unknown`` nothing
+could be judged (no onset, no resume); with an anomaly, its summary gives the seed's most
+likely direction for the symptom, labelled as a direction, and the actions protect the run
+as the symptom requires and say what to collect to decide (grad norm, per-rank values, batch
+descriptors, ``detect_anomaly``, the learning rate). A resume on an inconclusive diagnosis
+is always a person's decision (``spikeops.response``).
+
+Unread is not healthy, and quiet is not always healthy: ``false_alarm`` needs step metrics
+that were read and show nothing, no slowdown and no crash; a job that slowed down with a
+flat loss, or died, is ``inconclusive`` when no rule names the cause. Findings about a node
+that say nothing of the cause (layer hardware, cause ``inconclusive``) are never the primary.
 """
 
 from __future__ import annotations
@@ -34,7 +41,7 @@ from spikeops.diagnosis.actions import plan_actions
 from spikeops.diagnosis.context import Context, build_context
 from spikeops.diagnosis.evidence import BundleFacts, load_bundle, with_fresh_checkpoints
 from spikeops.diagnosis.model import LAYERS, Diagnosis, EvidenceLine, Finding
-from spikeops.diagnosis.symptom import WINDOW, classify
+from spikeops.diagnosis.symptom import WINDOW, classify, throughput_drop
 from spikeops.thresholds import MIN_POINTS, SHORT_HISTORY
 
 __all__ = ["diagnose", "diagnose_facts", "classify_bundle", "focus_step", "ALL_RULES", "PRIMARY_THRESHOLD"]
@@ -43,15 +50,19 @@ ALL_RULES = (*data.RULES, *numeric.RULES, *communication.RULES, *hardware.RULES,
              replay.hardware_silent_data_corruption)
 #: A finding must reach this confidence to be the primary cause or to convict nodes.
 PRIMARY_THRESHOLD = 0.5
-#: Below it, a weak but current finding still beats the symptom's generic direction.
+#: A finding between this and PRIMARY_THRESHOLD is a lead: said in an inconclusive summary,
+#: never named as the cause.
 TENTATIVE_THRESHOLD = 0.4
-#: When nothing holds, the symptom's most likely direction (the seed's table), said weakly.
-_FALLBACK = {
-    "instant_nan": ("numeric", "grad_explosion"),
-    "single_spike": ("data", "corrupted_sample"),
-    "spike_no_recovery": ("numeric", "lr_too_high"),
-    "creeping_increase": ("data", "rng_not_restored"),
+#: When nothing holds, the seed table's most likely direction for the symptom: said in the
+#: inconclusive summary as a direction, never named as the cause.
+DIRECTIONS = {
+    "instant_nan": "the numeric layer (gradient overflow, a bad sample, optimizer state corruption)",
+    "single_spike": "the data layer (an anomalous batch), or a transient retransmission in the communication layer",
+    "spike_no_recovery": "the learning rate or a data distribution shift, or a resume from a corrupted checkpoint",
+    "creeping_increase": "the data order (RNG not restored after a resume), precision, or the LR policy",
 }
+#: Confidence of an inconclusive primary (the spec: at most 0.3).
+INCONCLUSIVE_CONFIDENCE = 0.2
 
 
 def _run(rule: Any, ctx: Context) -> list[Finding]:
@@ -80,7 +91,10 @@ def _weigh(findings: list[Finding]) -> None:
                 _cap(finding, 0.45, "explained by its batch")
             elif set(finding.nodes) & hw_nodes:
                 _cap(finding, 0.3, "its node has hardware evidence: the GPU, not the data")
-    checkpoint_top = max((f.confidence for f in findings if f.cause == "corrupted_checkpoint"), default=0.0)
+    # A resume from a checkpoint that fails its manifest explains what follows it; a checkpoint
+    # the job printed it could not load or write (no onset) explains no divergence.
+    checkpoint_top = max((f.confidence for f in findings if f.cause == "corrupted_checkpoint"
+                          and f.onset_step is not None), default=0.0)
     data_top = max((f.confidence for f in findings if f.layer == "data"), default=0.0)
     explaining = max(data_top, checkpoint_top)
     for finding in findings:
@@ -124,12 +138,26 @@ def _false_alarm(ctx: Context, weak: bool) -> Finding:
 
 
 def _what_to_collect(ctx: Context) -> list[str]:
-    """The evidence an inconclusive diagnosis needs next, from what was missing."""
+    """The evidence an inconclusive diagnosis needs next, from what was missing: unread
+    metrics and nodes, and for an anomaly what each cause's rule needs and did not have."""
     wanted = []
-    if ctx.metrics is None or not len(ctx.metrics.frame):
+    frame = ctx.metrics.frame if ctx.metrics is not None else None
+    if frame is None or not len(frame):
         wanted.append("the job's step metrics: metrics.jsonl, or its training log with the iteration/step lines")
     elif ctx.symptom.points < MIN_POINTS:
         wanted.append(f"more of the training log: the logged steps before the incident ({MIN_POINTS} or more)")
+    if ctx.spike is not None and frame is not None:
+        grads = int(frame["grad_norm"].notna().sum()) + (int(frame["grad_bad"].sum()) if "grad_bad" in frame else 0)
+        if grads == 0:
+            wanted.append("the grad norm of every step (clip_grad_norm_'s return value): did it climb before the spike")
+        if frame["lr"].notna().sum() == 0:
+            wanted.append("the learning rate of every step: does the spike follow a peak or a change of the schedule")
+        if not ctx.ranks:
+            wanted.append("per-rank loss and grad norm around the spike (ranks.jsonl): one rank or all of them")
+        if not ctx.batches:
+            wanted.append("the batch descriptors of the spike step (batches.jsonl: token counts, empty samples)")
+        if ctx.symptom.symptom == "instant_nan":
+            wanted.append("a torch.autograd.detect_anomaly() run of the steps before the NaN: the operator that made it")
     if not ctx.nodes:
         wanted.append("the nodes' evidence (spikeops collect): kernel log, nvidia-smi -q, NCCL log, IB counters")
     else:
@@ -140,50 +168,96 @@ def _what_to_collect(ctx: Context) -> list[str]:
     return wanted or ["the job's full log and the nodes' evidence around the window"]
 
 
-def _inconclusive(ctx: Context) -> Finding:
-    unread = "; ".join(ctx.symptom.unread) or "no step metrics could be judged"
-    evidence = []
-    for output in ctx.outputs():
-        for source in (output.errors, output.nccl):
-            for event in (getattr(source, "events", None) or [])[:1]:
-                evidence.append(EvidenceLine(output.file, event.line, event.text))
-    return Finding(
-        layer="none", cause="inconclusive", confidence=0.2,
-        summary=f"{unread}, and no rule holds on what was read: collect "
-                + "; ".join(_what_to_collect(ctx)),
-        evidence=evidence[:4],
-    )
-
-
 def _resumed(ctx: Context) -> bool:
     """The run resumed: the incident says so, or the log's step counter went back."""
     return ctx.job.resumed_from is not None or bool(ctx.metrics is not None and ctx.metrics.replays)
 
 
-def _fallback(ctx: Context) -> Finding:
-    layer, cause = _FALLBACK[ctx.symptom.symptom]
-    if cause == "rng_not_restored" and not _resumed(ctx):
-        # A run that never resumed cannot have lost its RNG state: the seed's next direction.
-        layer, cause = "numeric", "lr_too_high"
+def _direction(ctx: Context) -> str:
+    """The seed table's most likely direction for the symptom, said as a direction."""
+    symptom = ctx.symptom.symptom
+    direction = DIRECTIONS[symptom]
+    if symptom == "creeping_increase" and not _resumed(ctx):
+        direction = "precision or the LR policy (the run never resumed, so its data order cannot have changed)"
+    text = f"the seed's most likely direction for a {symptom.replace('_', ' ')} is {direction}: a direction, not a finding"
     verdict = replay.replay_verdict(ctx)
     if verdict is not None and verdict.verdict == "transient":
-        summary = (f"no direct evidence for any cause, and replays of the window with the same data on the same "
-                   f"and on other nodes do not reproduce the {ctx.symptom.symptom.replace('_', ' ')}: a transient "
-                   f"fault; {cause.replace('_', ' ')} is only the seed table's direction")
+        text = ("replays of the window with the same data on the same and on other nodes do not reproduce it: a "
+                "transient fault; " + text)
+    return text
+
+
+def _quiet_but(ctx: Context) -> tuple[str, list[str], list[EvidenceLine]] | None:
+    """Why a run whose loss shows nothing is still not a false alarm: it slowed down (one slow
+    GPU or node shows as throughput, not loss), or it died. (what, to collect, evidence)."""
+    frame = ctx.metrics.frame if ctx.metrics is not None else None
+    if frame is not None and len(frame):
+        slowed = throughput_drop(frame)
+        if slowed is not None:
+            line = ctx.metric_line(slowed[0], f"throughput {slowed[1]:.0%} lower from here")
+            return (f"the loss is flat but the job's throughput fell {slowed[1]:.0%} from step {slowed[0]}: one slow "
+                    "GPU or node slows every rank",
+                    ["each GPU's clocks and throttle reasons (nvidia-smi -q -d PERFORMANCE,CLOCK,TEMPERATURE) and "
+                     "per-rank step times: which GPU or node is slow"], [line] if line else [])
+    crash = _crash(ctx)
+    if crash is not None:
+        return (f"the loss was flat, then the job died ({crash.text[:160]})",
+                ["the full traceback, and the kernel log and nvidia-smi -q of the nodes from when it died"], [crash])
+    return None
+
+
+def _crash(ctx: Context) -> EvidenceLine | None:
+    """The job's own log ends in an exception after its last step line: it died."""
+    if ctx.metrics is None or not len(ctx.metrics.frame):
+        return None
+    last_step_line = int(ctx.metrics.frame["line"].max())
+    for output in ctx.outputs():
+        errors = output.errors
+        if output.file != ctx.metrics.file or errors is None or errors.last_exception is None:
+            continue
+        if (errors.last_exception_line or 0) > last_step_line:
+            return EvidenceLine(output.file, errors.last_exception_line, errors.last_exception)
+    return None
+
+
+def _inconclusive(ctx: Context, quiet: tuple[str, list[str], list[EvidenceLine]] | None = None,
+                  lead: Finding | None = None) -> Finding:
+    """No rule holds. With nothing judged, what could not be read; with an anomaly, the seed's
+    direction for it (and the strongest lead below the bar, as a lead); with a flat loss that
+    slowed or died, that. Then what to collect."""
+    symptom = ctx.symptom.symptom
+    collect = _what_to_collect(ctx)
+    evidence: list[EvidenceLine] = []
+    if quiet is not None:
+        what, extra, evidence = quiet
+        summary = f"{what}, and no rule names a cause"
+        collect = extra + [item for item in collect if item not in extra]
+    elif symptom in DIRECTIONS:
+        summary = (f"{symptom.replace('_', ' ')} at step {ctx.spike}, and no rule holds on what was read; "
+                   + _direction(ctx))
+        if lead is not None:
+            summary += (f"; the strongest lead, below the bar of a finding: {lead.cause.replace('_', ' ')} at "
+                        f"{lead.confidence:.2f} ({lead.summary[:160]})")
+        evidence = _metrics_evidence(ctx, [ctx.spike], "spike")
     else:
-        summary = (f"no direct evidence for any cause; {cause.replace('_', ' ')} is the most likely direction for "
-                   f"{ctx.symptom.symptom.replace('_', ' ')} (seed table): collect more evidence")
+        summary = ("; ".join(ctx.symptom.unread) or "no step metrics could be judged") + ", and no rule holds on what was read"
+    for output in ctx.outputs():
+        for source in (output.errors, output.nccl):
+            for event in (getattr(source, "events", None) or [])[:1]:
+                evidence.append(EvidenceLine(output.file, event.line, event.text))
     return Finding(
-        layer=layer, cause=cause, confidence=0.2,
-        summary=summary,
-        step=ctx.spike, evidence=_metrics_evidence(ctx, [ctx.spike], "spike"),
+        layer="none", cause="inconclusive", confidence=INCONCLUSIVE_CONFIDENCE,
+        summary=f"{summary}: collect " + "; ".join(collect), step=ctx.spike, evidence=evidence[:4],
     )
 
 
-def _resume_point(facts: BundleFacts, onset: int | None) -> dict[str, Any] | None:
+def _resume_point(facts: BundleFacts, onset: int | None, bad: list[str] = ()) -> dict[str, Any] | None:
+    """The newest verified checkpoint strictly before ``onset``, skipping those the job
+    printed it could not load or write (``bad`` paths)."""
     if onset is None or not facts.checkpoints:
         return None
-    good = [c for c in facts.checkpoints if c.verified is True and c.step is not None and c.step < onset]
+    good = [c for c in facts.checkpoints if c.verified is True and c.step is not None and c.step < onset
+            and not any(checkpoint.same_checkpoint(path, c.path) for path in bad)]
     if not good:
         return None
     best = max(good, key=lambda c: c.step)
@@ -248,19 +322,20 @@ def diagnose_facts(facts: BundleFacts) -> Diagnosis:
     causal = [f for f in findings if not f.history and f.cause != "inconclusive"]
     holding = [f for f in causal if f.confidence >= PRIMARY_THRESHOLD]
     tentative = [f for f in causal if f.confidence >= TENTATIVE_THRESHOLD]
+    quiet = _quiet_but(ctx) if symptom.symptom == "none" and not holding else None
     if symptom.symptom == "unknown" and not holding:
         # Unread is not healthy: nothing says what happened, and nothing says all is well.
         primary = _inconclusive(ctx)
         findings.insert(0, primary)
-    elif symptom.symptom == "none" and not holding:
+    elif symptom.symptom == "none" and not holding and quiet is None:
         primary = _false_alarm(ctx, weak=bool(findings))
         findings.insert(0, primary)
     elif holding:
         primary = holding[0]
-    elif tentative:
-        primary = tentative[0]
     else:
-        primary = _fallback(ctx)
+        # A guess is a guess: no rule holds, so no cause is named (quiet: slowed or died); a
+        # weaker lead (a rule that fired below the bar) is said as one, not as the cause.
+        primary = _inconclusive(ctx, quiet, tentative[0] if tentative else None)
         findings.insert(0, primary)
     if primary is not findings[0]:
         findings.remove(primary)
@@ -274,7 +349,7 @@ def diagnose_facts(facts: BundleFacts) -> Diagnosis:
     else:
         culprit_ranks = sorted({rank for f in convicting for rank in f.ranks} | set(primary.ranks))
 
-    if primary.cause in ("false_alarm", "inconclusive"):
+    if primary.cause == "false_alarm" or (primary.cause == "inconclusive" and symptom.symptom not in DIRECTIONS):
         onset = None
     elif primary.cause in ("rng_not_restored", "corrupted_checkpoint") and primary.onset_step is not None:
         onset = primary.onset_step
@@ -282,12 +357,15 @@ def diagnose_facts(facts: BundleFacts) -> Diagnosis:
         candidates = [symptom.onset_step, primary.onset_step] + [f.onset_step for f in convicting]
         known = [step for step in candidates if step is not None]
         onset = min(known) if known else None
-    resume_from = _resume_point(facts, onset)
+    unusable = checkpoint.printed_bad_paths(ctx)
+    resume_from = _resume_point(facts, onset, unusable)
     corrupt = None
     if primary.cause == "corrupted_checkpoint":
         entry = checkpoint.resumed_checkpoint(ctx)
         if entry is not None:
             corrupt = {"step": entry.step, "path": entry.path}
+        elif unusable:
+            corrupt = {"step": None, "path": unusable[0]}
     actions = plan_actions(symptom.symptom, primary, findings, culprit_nodes, resume_from, corrupt,
                            collect=_what_to_collect(ctx) if primary.cause == "inconclusive" else None)
 

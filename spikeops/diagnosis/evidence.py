@@ -23,6 +23,7 @@ from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +46,7 @@ from spikeops.probes.bundle_files import (
 )
 from spikeops.probes.base import clip
 from spikeops.reading import read_evidence
+from spikeops.timeparse import year_for
 
 __all__ = [
     "read_checkpoints",
@@ -58,6 +60,7 @@ __all__ = [
     "load_bundle",
     "load_metrics",
     "load_node",
+    "incident_time",
     "read_jsonl_window",
     "first_step",
     "rank_records",
@@ -576,6 +579,10 @@ _GATE = (
     "CUDA failure", "Last error", "completion", "async event", "IBV_", "collective", "Socket", "what():",
     "Exception", "frame #", "ECC", "Xid", "fallen off", "GPU is lost", "been lost", "device handle", "reset",
     "link down", "link is down", "Node failure", "NODE FAIL", "NODE_FAIL", "launch failure", "LAUNCH_FAILED", "Error",
+    # device-pointing CUDA errors; checkpoints that could not be loaded or written, and the
+    # lines around them that say which checkpoint (loading it, saving it)
+    "illegal", "PytorchStream", "central directory", "state_dict", "afetensor", "HeaderTooLarge", "No space left",
+    "Errno", "StorageFull", "quota", "load key", "checkpoint", "ckpt", "save", "Saving", "serializ", "oading", "resum",
 )
 #: Lines one keyword may let through (a log full of one word is not read line by line).
 _GATE_LIMIT = 200_000
@@ -604,9 +611,11 @@ def _gated(text: str) -> tuple[list[int], list[str]]:
     return indexes, lines
 
 
-def read_job_output(path: Path, relative: str, node: str | None, *, nccl: bool = True) -> JobOutput:
+def read_job_output(path: Path, relative: str, node: str | None, *, nccl: bool = True,
+                    reference: datetime | None = None) -> JobOutput:
     """NCCL and hardware errors in a log of the job's output (its last JOB_OUTPUT_TAIL bytes);
-    ``nccl=False`` for a file the NCCL reader already read whole (a node's nccl.log)."""
+    ``nccl=False`` for a file the NCCL reader already read whole (a node's nccl.log).
+    ``reference``, the incident's time, dates the yearless syslog stamps of copied lines."""
     from spikeops.probes import job_errors, nccl_log
 
     output = JobOutput(relative, node)
@@ -619,7 +628,7 @@ def read_job_output(path: Path, relative: str, node: str | None, *, nccl: bool =
         output.notes.append(f"{relative}: errors looked for in its last {JOB_OUTPUT_TAIL >> 20} MiB only")
     indexes, lines = _gated(text)
     output.nccl = nccl_log.parse(lines) if nccl else None
-    output.errors = job_errors.parse(lines)
+    output.errors = job_errors.parse(lines, reference=reference)
     # The readers numbered the lines they were given: back to the file's own numbers.
     for event in [*(output.nccl.events if output.nccl else []), *output.errors.events]:
         event.line = first + indexes[event.line - 1]
@@ -716,8 +725,37 @@ def _memory_trouble(report: Any) -> bool:
     return False
 
 
-def load_node(bundle_path: str, node: str) -> NodeFacts:
-    """Parse one node's folder (run in a worker process for large bundles)."""
+def _kernel_with_year(folder: Path, facts: NodeFacts, reference: datetime | None) -> None:
+    """A syslog-format kernel log carries no year: read it again in the year its first line
+    falls in near the incident (the incident's, or the one before when that is the future),
+    so its Xids are placed in the window instead of being "time unknown"."""
+    if reference is None or facts.kernel is None or getattr(facts.kernel, "format", None) != "syslog":
+        return
+    from spikeops.probes import kernel_log
+
+    path = folder / "kernel.log"
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            lines = handle.read().splitlines()
+    except OSError:
+        return
+    first = next((m for m in (_SYSLOG_DAY.match(line) for line in lines[:200]) if m), None)
+    if first is None or first["mon"] not in _MONTHS:
+        return
+    year = year_for(_MONTHS.index(first["mon"]) + 1, int(first["day"]), reference)
+    try:
+        facts.kernel = kernel_log.parse(lines, year=year)
+    except Exception as exc:  # noqa: BLE001 - the yearless reading stays
+        facts.notes.append(f"{facts.file('kernel.log')}: not dated ({type(exc).__name__})")
+
+
+_SYSLOG_DAY = re.compile(r"^(?P<mon>[A-Z][a-z]{2}) +(?P<day>\d{1,2}) \d{2}:\d{2}:\d{2}")
+_MONTHS = "Jan Feb Mar Apr May Jun Jul Aug Sep Oct Nov Dec".split()
+
+
+def load_node(bundle_path: str, node: str, reference: datetime | None = None) -> NodeFacts:
+    """Parse one node's folder (run in a worker process for large bundles); ``reference``,
+    the incident's time, dates the yearless syslog lines it holds."""
     folder = Path(bundle_path) / "nodes" / node
     facts = NodeFacts(node)
     probes_path = folder / "probes.json"
@@ -739,6 +777,8 @@ def load_node(bundle_path: str, node: str) -> NodeFacts:
         got = _read(folder, name, kind, facts)
         if got is not None:
             setattr(facts, attribute, got[1])
+            if attribute == "kernel":
+                _kernel_with_year(folder, facts, reference)
             if attribute == "ib" and (folder / "baseline" / name).is_file():
                 facts.baselines.add(name)
                 if _ib_could_have_grown(got[1]):
@@ -756,12 +796,12 @@ def load_node(bundle_path: str, node: str) -> NodeFacts:
         break
     train = folder / "train.log"
     if train.is_file():
-        output = read_job_output(train, facts.file("train.log"), node)
+        output = read_job_output(train, facts.file("train.log"), node, reference=reference)
         facts.output.append(output)
         facts.notes.extend(output.notes)
     nccl = folder / "nccl.log"
     if nccl.is_file() and facts.nccl is not None:
-        output = read_job_output(nccl, facts.file("nccl.log"), node, nccl=False)
+        output = read_job_output(nccl, facts.file("nccl.log"), node, nccl=False, reference=reference)
         if output.errors is not None and output.errors.events:
             facts.output.append(output)
     for path in sorted(folder.glob("ethtool-*.txt")):
@@ -793,23 +833,30 @@ def _gc_paused() -> Iterator[None]:
             gc.enable()
 
 
-def _load_node_quietly(bundle: str, node: str) -> NodeFacts:
+def _load_node_quietly(bundle: str, node: str, reference: datetime | None = None) -> NodeFacts:
     with _gc_paused():
-        return load_node(bundle, node)
+        return load_node(bundle, node, reference)
+
+
+def incident_time(incident: Incident) -> datetime | None:
+    """When the incident happened, for dating yearless times: its creation, else its window's end."""
+    return incident.created or (incident.window.end if incident.window is not None else None)
 
 
 def _load_nodes_and_metrics(bundle: Bundle, workers: int | None) -> tuple[list[NodeFacts], MetricsTable | None, list[str]]:
     """Nodes in worker processes while this process reads the step metrics: on a 256-node
     bundle both take seconds, and they need nothing from each other."""
     names = bundle.nodes()
+    reference = incident_time(bundle.incident)
     if workers is None:
         workers = min(os.cpu_count() or 1, 8) if len(names) >= 24 else 1
     if workers <= 1 or len(names) < 2:
         metrics, notes = load_metrics(bundle)
-        return [_load_node_quietly(str(bundle.path), name) for name in names], metrics, notes
+        return [_load_node_quietly(str(bundle.path), name, reference) for name in names], metrics, notes
     with ProcessPoolExecutor(max_workers=workers) as pool:
         chunk = max(1, len(names) // (workers * 4))
-        pending = pool.map(_load_node_quietly, [str(bundle.path)] * len(names), names, chunksize=chunk)
+        pending = pool.map(_load_node_quietly, [str(bundle.path)] * len(names), names, [reference] * len(names),
+                           chunksize=chunk)
         metrics, notes = load_metrics(bundle)
         return list(pending), metrics, notes
 
@@ -879,7 +926,7 @@ def load_bundle(path: str | Path, *, workers: int | None = None) -> BundleFacts:
     output: list[JobOutput] = []
     train = bundle.path / "train.log"
     if train.is_file():
-        output.append(read_job_output(train, "train.log", None))
+        output.append(read_job_output(train, "train.log", None, reference=incident_time(bundle.incident)))
         missing.extend(output[-1].notes)
     output.extend(item for facts in nodes for item in facts.output)
     return BundleFacts(bundle, bundle.incident, metrics, nodes, checkpoints, missing, output)

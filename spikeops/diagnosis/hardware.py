@@ -36,6 +36,8 @@ __all__ = [
     "RULES",
     "hw_printed_errors",
     "hw_node_failure",
+    "hw_device_errors",
+    "hw_slowdown",
     "hw_gpu_xid",
     "hw_gpu_ecc",
     "hw_ib_link_flap",
@@ -555,7 +557,8 @@ def hw_node_failure(ctx: Context) -> list[Finding]:
             layer="hardware", cause="inconclusive", confidence=0.35,
             summary=f"the scheduler reports a node failure on {', '.join(hosts)}: nothing read says which part "
                     "failed (collect its kernel log and nvidia-smi -q); not enough to isolate it",
-            nodes=[node] if node else [], evidence=_printed_evidence(named),
+            # Named as the line names it, even a host the incident does not list: it never convicts.
+            nodes=[node] if node else hosts, evidence=_printed_evidence(named),
         ))
     answered = [node for node in ctx.nodes if not node.unreachable]
     if answered:
@@ -571,6 +574,54 @@ def hw_node_failure(ctx: Context) -> list[Finding]:
     return findings
 
 
+#: What a device-pointing CUDA error can mean, for its finding's summary.
+_DEVICE_ERRORS = {
+    "cuda_device_error": "a CUDA error that can mean a bad GPU (an illegal memory access or instruction, or the "
+                         "watchdog's 'unknown error')",
+    "cuda_launch_failure": "an unspecified launch failure (a kernel died)",
+}
+
+
+def hw_device_errors(ctx: Context) -> list[Finding]:
+    """CUDA errors the job printed that can mean a bad device, or a program bug: a hardware
+    finding at low confidence, naming the node when the line (or its file, or its rank) does.
+    It never convicts: the Xid, ECC and lost-GPU rules do, when the node's own evidence holds."""
+    findings: list[Finding] = []
+    for node, items in _printed(ctx, tuple(_DEVICE_ERRORS)).items():
+        kinds = sorted({event.kind for _, event in items})
+        what = " and ".join(_DEVICE_ERRORS[kind] for kind in kinds)
+        where = f"on {node}" if node else "on a node the lines do not name"
+        hosts = sorted({event.host for _, event in items if getattr(event, "host", None)})
+        ranks = sorted({event.rank for _, event in items if event.rank is not None})
+        findings.append(Finding(
+            layer="hardware", cause="inconclusive", confidence=0.3,
+            summary=f"the job printed {what} {where}: {len(items)} line(s), first at {items[0][0].file}:"
+                    f"{items[0][1].line}; it points at the device, and a program bug prints it too: collect the "
+                    "node's kernel log (Xid) and nvidia-smi -q before isolating it",
+            nodes=[node] if node else hosts, ranks=ranks, evidence=_printed_evidence(items),
+        ))
+    return findings
+
+
+def hw_slowdown(ctx: Context) -> list[Finding]:
+    """A throughput drop with a flat loss: one slow GPU or node slows every rank. With throttle
+    evidence the thermal rule names it; without, this says a slowdown happened, and what to
+    read to find where (never a false alarm, never a conviction)."""
+    if ctx.metrics is None or ctx.symptom.symptom != "none":
+        return []
+    slowed = throughput_drop(ctx.metrics.frame)
+    if slowed is None:
+        return []
+    line = ctx.metric_line(slowed[0], f"throughput {slowed[1]:.0%} lower from here")
+    return [Finding(
+        layer="hardware", cause="inconclusive", confidence=0.35,
+        summary=f"the job's throughput fell {slowed[1]:.0%} from step {slowed[0]} while the loss stayed flat: a "
+                "slowdown (one slow GPU or node slows every rank); read each GPU's clocks and throttle reasons and the "
+                "per-rank step times to find it",
+        step=slowed[0], evidence=[line] if line else [], onset_step=slowed[0],
+    )]
+
+
 RULES: tuple[Callable[[Context], list[Finding]], ...] = (
     hw_gpu_xid,
     hw_gpu_ecc,
@@ -578,4 +629,6 @@ RULES: tuple[Callable[[Context], list[Finding]], ...] = (
     hw_thermal_throttle,
     hw_printed_errors,
     hw_node_failure,
+    hw_device_errors,
+    hw_slowdown,
 )

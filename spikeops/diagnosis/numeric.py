@@ -73,6 +73,47 @@ def _absurd_lr(ctx: Context) -> list[Finding]:
     )]
 
 
+#: Logged LR values before a NaN over which a warm-up climb is judged.
+WARMUP_POINTS = 5
+#: A climbing LR at its peak: the first logged LR below this fraction of the highest (an LR
+#: that only rose over the log, by at least 3 %).
+WARMUP_RISE = 0.97
+
+
+def _nan_in_warmup(ctx: Context, lr: pd.Series) -> list[Finding]:
+    """A loss gone non-finite while the LR is still climbing in warm-up: the LR outran what
+    the model can take before it reached its peak (the spec's ``lr_too_high``, extended).
+    Climbing: the last logged LR values up to the NaN never fall, rise at least twice, and
+    the LR at the NaN is the highest the run has had."""
+    history = lr.loc[:ctx.spike].dropna()
+    recent = history.tail(WARMUP_POINTS)
+    if len(recent) < 3:
+        return []
+    steps = recent.diff().dropna()
+    if (steps < 0).any() or int((steps > 0).sum()) < 2 or float(recent.iloc[-1]) < float(history.max()):
+        return []
+    start, top = float(recent.iloc[0]), float(recent.iloc[-1])
+    first, last = int(recent.index[0]), int(recent.index[-1])
+    evidence = [line for line in (ctx.metric_line(first, "LR climbing"), ctx.metric_line(last, "LR at the NaN"),
+                                  ctx.metric_line(ctx.spike, "loss non-finite")) if line]
+    return [Finding(
+        layer="numeric", cause="lr_too_high", confidence=0.62,
+        summary=f"the loss went non-finite at step {ctx.spike} while the learning rate was still climbing in warm-up "
+                f"({start:.3g} at step {first} -> {top:.3g} at step {last}, {len(recent)} logged points, none lower): "
+                "the LR outran what the model takes before its peak (test 0.3x LR, or a longer warm-up)",
+        step=ctx.spike, evidence=_dedupe_lines(evidence), onset_step=None,
+    )]
+
+
+def _dedupe_lines(lines: list[EvidenceLine]) -> list[EvidenceLine]:
+    seen, out = set(), []
+    for line in lines:
+        if (line.file, line.line) not in seen:
+            seen.add((line.file, line.line))
+            out.append(line)
+    return out
+
+
 def numeric_lr_too_high(ctx: Context) -> list[Finding]:
     if ctx.metrics is not None and len(ctx.metrics.frame):
         absurd = _absurd_lr(ctx)
@@ -84,6 +125,10 @@ def numeric_lr_too_high(ctx: Context) -> list[Finding]:
     if lr.notna().sum() < 3:
         ctx.missing.append(f"{ctx.metrics.file}: no learning rate logged (LR rule skipped)")
         return []
+    if ctx.symptom.symptom == "instant_nan":
+        warmup = _nan_in_warmup(ctx, lr)
+        if warmup:
+            return warmup
     spike_pos = _position(ctx, ctx.spike)
     window = lr.iloc[max(0, spike_pos - LR_NEAR): spike_pos + 1].dropna()
     ratios = (window / window.shift(1)).dropna()
@@ -104,7 +149,11 @@ def numeric_lr_too_high(ctx: Context) -> list[Finding]:
         around = lr.iloc[max(0, spike_pos - LR_NEAR): spike_pos + LR_NEAR // 5 + 1].dropna()
         history = lr.loc[:ctx.spike].dropna()
         at_spike = float(lr.loc[ctx.spike]) if ctx.spike in lr.index and lr.notna().loc[ctx.spike] else None
-        rising = len(history) > 5 and float(history.iloc[0]) < 0.9 * float(history.max())
+        # A warm-up in the log: the LR never fell and rose by a visible amount (an excerpt may
+        # hold only the last stretch of a long linear warm-up: a few percent of it).
+        steps = history.diff().dropna()
+        rising = len(history) > 5 and (float(history.iloc[0]) < 0.9 * float(history.max()) or (
+            bool((steps >= 0).all()) and float(history.iloc[0]) < WARMUP_RISE * float(history.max())))
         if at_spike is not None and len(around) and at_spike >= 0.95 * float(around.max()) and rising \
                 and float(around.max()) >= float(history.max()):
             step = int(history.idxmax())
@@ -143,20 +192,41 @@ def _collapse_start(run: pd.Series) -> int:
     return int(run.index[first])
 
 
-def _calibration_end(scale: pd.Series) -> int:
-    """Length of the start-up calibration: fp16 loss scalers start high (2^16..2^24) and
-    halve on the first overflows until they fit. Falling from the very first entry, in two
-    or more drops, is that, not a collapse; a plateau first means a trained scale fell."""
-    values = scale.to_numpy()
-    end = 0
-    while end + 1 < len(values) and values[end + 1] < values[end]:
-        end += 1
-    return end + 1 if end >= 2 else 0
-
-
 #: Scalers start this high (2^16..2^32) and halve on the first overflows until they fit: a
-#: fall from here at the very start of a log, not down to the floor, is that calibration.
+#: fall from here at the very start of a run, not down to the floor, is that calibration.
 CALIBRATION_START = 2.0 ** 16
+#: The start-up calibration happens in a run's first steps (32 halvings at most, one per
+#: overflow step, hysteresis and logging intervals stretching it to a few hundred).
+CALIBRATION_STEPS = 1000
+#: Drops of one calibration follow each other within this many logged points; a longer hold
+#: means the scale had settled, and a fall after it is a collapse.
+CALIBRATION_GAP = 3
+
+
+def _calibration_end(scale: pd.Series, bad: pd.Series | None = None) -> int:
+    """Length (logged points) of the start-up calibration: fp16 loss scalers start high
+    (2^16..2^32) and halve on the first overflows until the scale fits, then hold. A fall that
+    starts at the first logged point of a run in its first CALIBRATION_STEPS steps, never
+    grows, holds no longer than CALIBRATION_GAP points between drops, stays above the floor
+    (1) and comes with a finite loss is that; a plateau first means a trained scale fell."""
+    values = scale.to_numpy(dtype=float)
+    steps = scale.index.to_numpy()
+    if len(values) < 2 or steps[0] > CALIBRATION_STEPS:
+        return 0
+    last_drop, position = 0, 1
+    while position < len(values) and steps[position] <= CALIBRATION_STEPS:
+        if values[position] > values[position - 1]:
+            break
+        if values[position] < values[position - 1]:
+            if position - last_drop > CALIBRATION_GAP or values[position] < 1:
+                break
+            last_drop = position
+        position += 1
+    if last_drop == 0:
+        return 0
+    if bad is not None and bool(bad.reindex(scale.index[:last_drop + 1]).fillna(False).any()):
+        return 0  # a non-finite loss during the fall: not a scaler finding its level
+    return last_drop + 1
 
 
 def _scale_chain(events: list) -> list[tuple[float, object]]:
@@ -206,9 +276,16 @@ def _collapse_from_lines(ctx: Context) -> list[Finding]:
         or sum(1 for event in events if event.attempted == 1 and event.reduced_to == 1) >= 2
     steps_before = ctx.metrics.frame.index
     first_event = chain[start][1]
-    at_start = start == 0 and (not len(steps_before) or getattr(first_event, "step", None) is None
-                               and first_event.line < int(ctx.metrics.frame["line"].min()))
-    if at_start and high >= CALIBRATION_START and not at_floor:
+    fall_steps = [getattr(event, "step", None) for event in [first_event, *falls]]
+    known = [step for step in fall_steps if step is not None]
+    first_logged = int(steps_before[0]) if len(steps_before) else None
+    # The fall opens the log: before any step line, or at steps of the run's first ones.
+    early = (not len(steps_before)
+             or (known and max(known) <= CALIBRATION_STEPS)
+             or (not known and first_event.line < int(ctx.metrics.frame["line"].min())
+                 and (first_logged is None or first_logged <= CALIBRATION_STEPS)))
+    settled = _settled_after(ctx, chain, low_index)
+    if start == 0 and early and settled and high >= CALIBRATION_START and not at_floor:
         ctx.ruled_out.append(RuledOut("numeric", f"the loss scale fell from {high:g} to {low:g} at the start of "
                                                  "the log: the scaler's start-up calibration, not a collapse"))
         return []
@@ -230,6 +307,17 @@ def _collapse_from_lines(ctx: Context) -> list[Finding]:
     )]
 
 
+def _settled_after(ctx: Context, chain: list[tuple[float, object]], low_index: int) -> bool:
+    """After the fall the scale held: no scaler line after the lowest one, or the steps
+    logged after it carry a finite loss."""
+    if low_index == len(chain) - 1:
+        return True
+    after_line = getattr(chain[low_index][1], "line", 0)
+    frame = ctx.metrics.frame
+    later = frame[frame["line"] > after_line]
+    return bool(len(later)) and not bool(later["loss_bad"].any())
+
+
 def numeric_loss_scale_collapse(ctx: Context) -> list[Finding]:
     if ctx.metrics is None:
         return []
@@ -237,7 +325,12 @@ def numeric_loss_scale_collapse(ctx: Context) -> list[Finding]:
     scale = frame["loss_scale"].dropna()
     if len(scale) < 3 or scale.nunique() <= 1:
         return _collapse_from_lines(ctx)
-    scale = scale.iloc[_calibration_end(scale):]
+    calibrated = _calibration_end(scale, frame["loss_bad"] if "loss_bad" in frame else None)
+    if calibrated:
+        ctx.ruled_out.append(RuledOut("numeric", f"the loss scale fell from {float(scale.iloc[0]):g} to "
+                                                 f"{float(scale.iloc[calibrated - 1]):g} in the run's first steps and "
+                                                 "then held, with a finite loss: the scaler's start-up calibration"))
+    scale = scale.iloc[calibrated:]
     if len(scale) < 2:
         return []
     anchor = ctx.onset if ctx.onset is not None else ctx.spike

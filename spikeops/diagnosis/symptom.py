@@ -37,6 +37,13 @@ import pandas as pd
 
 from spikeops.thresholds import (
     ABSURD_LOSS,
+    JUMP_FACTOR,
+    JUMP_MIN_HISTORY,
+    JUMP_QUANTILE,
+    JUMP_WINDOW,
+    ROUTINE_CEILING,
+    ROUTINE_MARGIN,
+    ROUTINE_MEMORY,
     CLIMB_REL,
     CLIMB_RISES,
     MIN_HISTORY,
@@ -48,7 +55,7 @@ from spikeops.thresholds import (
     Z_SPIKE,
 )
 
-__all__ = ["SymptomResult", "classify", "throughput_drop", "departures", "Z_SPIKE", "REL_SPIKE", "MIN_HISTORY",
+__all__ = ["SymptomResult", "classify", "throughput_drop", "departures", "routine_jumps", "Z_SPIKE", "REL_SPIKE", "MIN_HISTORY",
            "SHORT_HISTORY", "WINDOW"]
 
 
@@ -348,6 +355,41 @@ def _climbs(loss: pd.Series) -> np.ndarray:
     return flags
 
 
+def routine_jumps(loss: pd.Series, level: pd.Series, flagged: np.ndarray) -> np.ndarray:
+    """Which flagged points are one-step excursions the run makes routinely: the next logged
+    point is back (not flagged), and either the excursion is within JUMP_FACTOR times the
+    JUMP_QUANTILE of the run's own step-to-step changes over the JUMP_WINDOW points before it,
+    or the run made a comparable one (ROUTINE_MARGIN) that came back within ROUTINE_MEMORY
+    points before it; never a loss that doubles (ROUTINE_CEILING). Judged on the run's own
+    texture, not its median noise: a per-step log of a healthy run jumps 20-80 % now and then
+    (a hard batch) and comes straight back."""
+    out = np.zeros(len(loss), dtype=bool)
+    finite = np.flatnonzero(loss.notna().to_numpy())
+    if len(finite) < 3 or not flagged[finite].any():
+        return out
+    values = loss.to_numpy(dtype=float)[finite]
+    levels = level.to_numpy(dtype=float)[finite]
+    flags = flagged[finite]
+    changes = np.abs(np.diff(values))
+    past: list[tuple[int, float]] = []
+    for i in np.flatnonzero(flags):
+        base = levels[i]
+        if not math.isfinite(base) or base == 0 or i + 1 >= len(values) or flags[i + 1]:
+            continue  # the last point, or one that stays up: not a one-step jump
+        size = (values[i] - base) / abs(base)
+        if values[i] >= ROUTINE_CEILING * base:
+            past.append((i, size))
+            continue  # a loss that doubles in one step is never a run's texture
+        window = changes[max(0, i - 1 - JUMP_WINDOW): max(0, i - 1)]
+        within_texture = len(window) >= JUMP_MIN_HISTORY and \
+            values[i] - base < JUMP_FACTOR * float(np.quantile(window, JUMP_QUANTILE))
+        made_before = any(earlier >= size / ROUTINE_MARGIN for at, earlier in past if i - at <= ROUTINE_MEMORY)
+        past.append((i, size))
+        if within_texture or made_before:
+            out[finite[i]] = True
+    return out
+
+
 def _anomalies(frame: pd.DataFrame) -> tuple[pd.Series, pd.Series, pd.Series, pd.Series]:
     """(anomalous, rule, level, scale) per logged step.
 
@@ -365,6 +407,7 @@ def _anomalies(frame: pd.DataFrame) -> tuple[pd.Series, pd.Series, pd.Series, pd
     scale = scale.where(np.isfinite(scale), (base.abs() * 1e-2).clip(lower=1e-12))
     relative = (loss - base) / base.abs()
     by_z = (z > Z_SPIKE) & (relative > REL_SPIKE) & level.notna()
+    by_z = by_z & ~routine_jumps(loss, level, by_z.fillna(False).to_numpy(dtype=bool))
     # From two points of history there is a first noise estimate: the jump must also clear it
     # (a noisy fine-tuning loss swings by half between log lines).
     noisy = (history >= 2) & ((loss - base) <= 3 * scale)
@@ -432,7 +475,14 @@ def _judge(frame: pd.DataFrame, first: int, rules: pd.Series, level: pd.Series, 
     result.level = float(base) if math.isfinite(base) else None
     post = frame.iloc[peak + 1:]
     post_loss = post["loss"].where(~post["loss_bad"])
-    if result.level is None:
+    if result.level is None and bool(frame["loss_bad"].iloc[first]) and len(post) \
+            and not bool(post["loss_bad"].iloc[-1]) and math.isfinite(float(post["loss"].iloc[-1])):
+        # Non-finite from the first logged point, finite after it: the NaN did not last (the
+        # spec's instant NaN stays), the tallest spike there is, and it is over.
+        result.recovered = True
+        result.symptom = "single_spike"
+        result.notes.append("non-finite at the start of the log and finite after it: the NaN did not last")
+    elif result.level is None:
         # Anomalous from the first logged point (an absurd loss): no level to come back to.
         result.recovered = False
         result.symptom = "spike_no_recovery"

@@ -27,12 +27,29 @@ The kinds (``JobError.kind``):
 - ``node_failure``: the scheduler says a node failed (``srun: error: Node failure on X``,
   ``... DUE TO NODE FAILURE``);
 - ``cuda_launch_failure``: ``unspecified launch failure`` (a kernel died: a GPU fault or a
-  program bug; never enough alone to blame the GPU).
+  program bug; never enough alone to blame the GPU);
+- ``cuda_device_error``: other CUDA errors that can mean a bad device: ``an illegal memory
+  access`` / ``an illegal instruction was encountered``, and ``CUDA error: unknown error``
+  (what the NCCL watchdog raises when a GPU dies under it); a program bug can print them too,
+  so they point at the device, never convict it alone;
+- ``checkpoint_load``: the job could not read a checkpoint (``PytorchStreamReader failed
+  reading zip archive: failed finding central directory``, ``Error(s) in loading
+  state_dict``, a safetensors header error); ``details["path"]`` is the checkpoint when a
+  line nearby names it;
+- ``checkpoint_save``: the job could not write one (``No space left on device`` or a quota
+  while saving, ``PytorchStreamWriter failed writing``): the checkpoint left behind is cut
+  short; ``disk_full``: the same disk errors away from any saving (not checkpoint evidence).
+
+A kernel line copied into the job's log with its syslog prefix (``May 19 07:08:57 gpu-17
+kernel: NVRM: Xid ...``) names its host, and its time carries no year: ``parse(...,
+reference=...)`` dates it in the incident's year, or the year before when that would put it
+in the future (without a reference its time stays unknown).
 """
 
 from __future__ import annotations
 
 import re
+from collections import deque
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -41,11 +58,13 @@ from spikeops.probes.base import MAX_EVENTS, Gap, Kind, LineSource, clip, number
 from spikeops.probes import kernel_log
 from spikeops.probes.kernel_log import normalize_pci
 from spikeops.probes.nccl_log import strip_launcher
+from spikeops.timeparse import parse_yearless
 
 __all__ = ["JOB_ERROR_KINDS", "JobError", "JobErrors", "parse", "detect", "summarize", "KIND"]
 
 #: Every ``JobError.kind`` this parser emits.
-JOB_ERROR_KINDS = ("ecc_uncorrectable", "xid", "gpu_lost", "ib_port_error", "node_failure", "cuda_launch_failure")
+JOB_ERROR_KINDS = ("ecc_uncorrectable", "xid", "gpu_lost", "ib_port_error", "node_failure", "cuda_launch_failure",
+                   "cuda_device_error", "checkpoint_load", "checkpoint_save", "disk_full")
 
 
 @dataclass
@@ -98,6 +117,35 @@ _RULES: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("node_failure", re.compile(
         r"\bNode failure on (?P<host>[\w.\[\],-]+)|DUE TO NODE FAILURE|\bNODE_FAIL\b", re.I)),
     ("cuda_launch_failure", re.compile(r"unspecified launch failure|CUDA_ERROR_LAUNCH_FAILED", re.I)),
+    ("cuda_device_error", re.compile(
+        r"an illegal (?:memory access|instruction) was encountered|cudaErrorIllegal(?:Address|Instruction)\b"
+        r"|CUDA_ERROR_ILLEGAL_(?:ADDRESS|INSTRUCTION)\b|CUDA error: unknown error|\bcudaErrorUnknown\b", re.I)),
+    ("checkpoint_load", re.compile(
+        r"PytorchStreamReader failed reading|failed finding central directory|Error\(s\) in loading state_dict"
+        r"|SafetensorError: Error while deserializing|\bHeaderTooLarge\b|\bMetadataIncompleteBuffer\b"
+        r"|\bInvalidHeader(?:Deserialization)?\b|UnpicklingError: invalid load key", re.I)),
+    ("checkpoint_save", re.compile(r"PytorchStreamWriter failed writing|SafetensorError: Error while serializing", re.I)),
+    ("disk_full", re.compile(r"No space left on device|\[Errno 28\]|\bStorageFull\b|Disk quota exceeded|\[Errno 122\]",
+                             re.I)),
+)
+#: Words of a line that is saving a checkpoint (a traceback frame or the job's own message).
+_SAVING = re.compile(r"\bsav(?:e|ing)\b|torch\.save|_save\b|serializ|save_pretrained|save_checkpoint|write_record"
+                     r"|checkpoint_hook|safe_save", re.I)
+#: Words of a line about loading a checkpoint (where the job says which one).
+_LOADING = re.compile(r"\bload(?:ing|ed)?\b|resum|restor|torch\.load|from_pretrained", re.I)
+#: A checkpoint's path as jobs print it: a file with a checkpoint extension, or a directory
+#: named like one (``global_step1200``, ``checkpoint-500``, ``step-12000``).
+_CKPT_PATH = re.compile(
+    r"(?P<path>(?:[A-Za-z]:\\|~?/|\.{1,2}/)?[\w.@+-]+(?:[/\\][\w.@+-]+)*\.(?:pth?|ckpt|bin|safetensors|pkl|tar|distcp)\b"
+    r"|(?:[A-Za-z]:\\|~?/|\.{1,2}/)?(?:[\w.@+-]+[/\\])*(?:checkpoint|ckpt|global_step|iter|step|epoch)[-_]?\d+\b/?)",
+    re.I,
+)
+#: Lines of the job's output looked back at for the checkpoint an error is about.
+_CONTEXT_LINES = 30
+#: A syslog prefix in front of a copied kernel or daemon line: its time (no year) and host.
+_SYSLOG_PREFIX = re.compile(
+    r"^(?P<ts>[A-Z][a-z]{2} +\d{1,2} \d{2}:\d{2}:\d{2})(?:\.\d+)? (?P<host>[A-Za-z][\w.-]{0,254}) "
+    r"(?:kernel|[\w./-]+(?:\[\d+\])?):"
 )
 _RANK = re.compile(r"\[(?:PG [^\]]{0,80}?)?Rank (\d{1,7})\]|\b(?:global )?rank[ =:]?\s?(\d{1,7})\b", re.I)
 _DEVICE = re.compile(
@@ -117,6 +165,18 @@ def _first_int(match: re.Match[str] | None) -> int | None:
     if match is None:
         return None
     return next((int(group) for group in match.groups() if group is not None), None)
+
+
+def _checkpoint_path(lines: list[str], wanted: re.Pattern[str]) -> str | None:
+    """The newest checkpoint path on a line (the error's or one above it) whose words say
+    it is being loaded or saved (``wanted``); None when no such line names one."""
+    for line in reversed(lines):
+        if not wanted.search(line):
+            continue
+        found = [m["path"] for m in _CKPT_PATH.finditer(line) if not m["path"].lower().endswith((".py", ".so"))]
+        if found:
+            return found[-1].rstrip("/.,:;'\"")
+    return None
 
 
 def _event(kind: str, match: re.Match[str], number: int, raw: str, body: str, said: dict[str, Any]) -> JobError:
@@ -158,18 +218,21 @@ def _classify(body: str) -> tuple[str, re.Match[str]] | None:
     return None
 
 
-def parse(source: LineSource) -> JobErrors:
+def parse(source: LineSource, *, reference: datetime | None = None) -> JobErrors:
     """Read the hardware and scheduler errors a job printed, streaming, never raising.
 
     Several ranks print the same error: each line is kept (up to ``MAX_EVENTS`` per kind),
-    because which ranks printed it is what ties it to a node."""
+    because which ranks printed it is what ties it to a node. ``reference`` (the incident's
+    time) dates syslog-stamped lines, which carry no year."""
     result = JobErrors()
     counts: dict[str, int] = {}
     dropped: dict[str, int] = {}
+    recent: deque[str] = deque(maxlen=_CONTEXT_LINES)
     for number, raw in numbered_lines(source):
         result.lines = number
         if not raw or len(raw) > _MAX_LINE:
             continue
+        recent.append(raw)
         if ("Error" in raw or "Exception" in raw) and _EXCEPTION.match(strip_launcher(raw)[0].strip()):
             result.exceptions += 1
             if result.last_exception is None or ": " in raw or ": " not in result.last_exception:
@@ -177,7 +240,9 @@ def parse(source: LineSource) -> JobErrors:
         # Cheap gate: every rule's text holds one of these (most lines hold none).
         lowered = raw.lower()
         if not any(key in lowered for key in ("ecc", "xid", "bus", "lost", "reset", "device", "async event",
-                                              "ibv_event", "down", "node", "launch")):
+                                              "ibv_event", "down", "node", "launch", "illegal", "unknown error",
+                                              "stream", "state_dict", "safetensor", "header", "load key", "errno",
+                                              "storagefull", "quota")):
             continue
         try:
             body, said = strip_launcher(raw)
@@ -185,11 +250,22 @@ def parse(source: LineSource) -> JobErrors:
             if found is None:
                 continue
             kind, match = found
+            context = list(recent)
+            if kind == "disk_full" and any(_SAVING.search(line) for line in context):
+                kind = "checkpoint_save"  # no space left while saving: the checkpoint is cut short
             if counts.get(kind, 0) >= MAX_EVENTS:
                 dropped[kind] = dropped.get(kind, 0) + 1
                 continue
             counts[kind] = counts.get(kind, 0) + 1
-            result.events.append(_event(kind, match, number, raw, body.strip(), said))
+            event = _event(kind, match, number, raw, body.strip(), said)
+            if kind in ("checkpoint_load", "checkpoint_save"):
+                event.details["path"] = _checkpoint_path(context, _LOADING if kind == "checkpoint_load" else _SAVING)
+            stamp = _SYSLOG_PREFIX.match(body.strip())
+            if stamp is not None:
+                event.host = event.host or stamp["host"]
+                event.time = event.time or parse_yearless(stamp["ts"], reference)
+                event.details["syslog_time"] = stamp["ts"]
+            result.events.append(event)
         except Exception as exc:  # noqa: BLE001 - one odd line must not lose the rest
             result.gaps.append(Gap(f"line not read ({type(exc).__name__})", number))
     for kind, count in sorted(dropped.items()):

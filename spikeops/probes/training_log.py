@@ -51,7 +51,17 @@ from spikeops.probes.base import (
     numbered_lines,
     register,
 )
-from spikeops.timeparse import parse_any, parse_iso
+from spikeops.probes import step_lines
+from spikeops.probes.step_lines import NUMBER as _NUM
+from spikeops.probes.step_lines import NUMBER_END as _NUM_END
+from spikeops.probes.step_lines import PROGRESS as _PROGRESS
+from spikeops.probes.step_lines import TIMESTAMP as _DATE
+from spikeops.probes.step_lines import bounded_int as _bounded
+from spikeops.probes.step_lines import parse_number as _float
+from spikeops.probes.step_lines import rank_tag as _rank_tag
+from spikeops.probes.step_lines import strip_launcher as _strip_launcher
+from spikeops.probes.step_lines import time_in as _time_in
+from spikeops.timeparse import parse_any
 
 if TYPE_CHECKING:  # pandas is imported lazily: detection must stay cheap
     import pandas as pd
@@ -84,6 +94,9 @@ __all__ = [
 #: MAX_EVENTS of them, and the incident is at the end of the log, so the *latest* records
 #: are kept and the dropped earliest ones are counted in a gap.
 MAX_STEPS = 100_000
+#: A learning rate announced without a step (`` >>> lr: 0.01``) belongs to the step logged
+#: at most this many lines above it (the step's block of component losses in between).
+ANNOUNCE_REACH = 8
 #: A Trainer log dict is a few hundred characters; a longer ``{...}`` is something else and
 #: is not handed to the Python parser.
 MAX_DICT_CHARS = 8192
@@ -208,48 +221,6 @@ class TrainingLog:
 
 # --------------------------------------------------------------------------- numbers
 
-_NUM = r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?|[+-]?(?:nan|inf(?:inity)?)"
-_NUM_END = r"(?![\w.])"
-_NONFINITE = {
-    "nan": math.nan, "+nan": math.nan, "-nan": math.nan,
-    "inf": math.inf, "+inf": math.inf, "infinity": math.inf, "+infinity": math.inf,
-    "-inf": -math.inf, "-infinity": -math.inf,
-}
-_FLOAT_TEXT = re.compile(rf"^(?:{_NUM})$", re.I)
-
-
-def _float(text: str | None) -> float | None:
-    """A float as tools print it, non-finite spellings included (Python's ``{:.6E}`` of a NaN
-    prints ``NAN``; json writes ``NaN``/``Infinity``); anything else is None."""
-    if text is None:
-        return None
-    value = text.strip()
-    if "_" not in value:  # float() alone accepts 1_000, which no tool prints
-        try:
-            return float(value)  # the hot path: also reads nan/inf/infinity in any case
-        except ValueError:
-            pass
-    value = value.replace(",", "")
-    if not _FLOAT_TEXT.match(value):
-        return None
-    special = _NONFINITE.get(value.lower())
-    if special is not None:
-        return special
-    try:
-        return float(value)
-    except ValueError:
-        return None
-
-
-#: Steps and counters beyond int64 are not steps (a run of digits in a corrupt line); they
-#: would not fit the step table's integer columns either.
-_INT64_MAX = 2**63 - 1
-
-
-def _bounded(value: int) -> int | None:
-    return value if -_INT64_MAX <= value <= _INT64_MAX else None
-
-
 def _int(text: str | None) -> int | None:
     value = _float(text)
     if value is None or not math.isfinite(value) or not value.is_integer():
@@ -288,9 +259,6 @@ def _nonfinite(value: float | None) -> bool:
 # --------------------------------------------------------------------------- line shapes
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
-_DATE = re.compile(
-    r"(\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}:\d{2}(?:[.,]\d+)?(?:Z|\s?UTC|[+-]\d{2}:?\d{2})?)"
-)
 _MEGATRON = re.compile(r"\biteration:?\s+(?P<step>\d{1,18})\s*/\s*(?P<total>\d+)\s*\|")
 _OVERFLOW = re.compile(r"(?:overflow!|gradient overflow\.|overflow detected\.).*?skipping step", re.I)
 #: DeepSpeed's fused optimizer: ``Reducing dynamic loss scale from 1 to 1``; MindSpore's
@@ -314,75 +282,25 @@ _DS_STEPS = re.compile(
     re.I,
 )
 _ELISION = re.compile(r"^\s*(?:\d+:\s*)?(?:\[\s*(?:\.\.\.|…)\s*\]|\.{3,}|…)\s*$")
-#: A word that makes a loss an evaluation's, when it comes before the loss key on the line
-#: (``Evaluation result for step 5: loss = 2.1``, ``valid loss at iteration 7000``).
-_EVAL_WORD = re.compile(r"(?<![A-Za-z])(?:eval(?:uation)?|validation|valid|val|test(?:ing)?|dev)(?![A-Za-z])", re.I)
-#: The parts of a loss key that make it not a training loss.
-_EVAL_PARTS = frozenset({"val", "valid", "validation", "eval", "evaluation", "test", "dev", "scale"})
-#: A step's number, by keyword; ``num_updates`` (fairseq, metaseq) and ``global_step`` name
-#: the optimizer step even where an epoch or a micro-batch counter is printed too.
-_GEN_STEP = re.compile(
-    r"(?<![\w.-])(?P<key>global[_ ]?step|num_updates|steps?|iter(?:ation)?|batch)\b\s*[:=#]?\s*(?P<step>\d{1,18})"
-    r"(?:\s*/\s*\d+)?(?!\d|\.\d)",
-    re.I,
-)
-#: ``(epoch, step)`` as some loggers print it (``LOG ... - (0, 14) step_loss : 11.25``).
-_TUPLE_STEP = re.compile(r"(?<![\w.])\(\s*\d{1,9}\s*,\s*(?P<step>\d{1,18})\s*\)")
-#: A table row that starts with the step (``1220 | loss 3.2969 | lr 2.64e-04 | 13880ms``,
-#: Keras' ``  12/102 [====>....] - loss: 0.62``).
-_LEADING_STEP = re.compile(r"^\s*(?P<step>\d{1,12})(?:\s*\||/\d{1,12}\s+\[)")
 #: A bare two-column table of step and loss (``76930 2.6496577``, ``76980 nan``): the whole
 #: line is the two numbers, the first a whole one.
 _BARE_PAIR = re.compile(rf"^\s*(?P<step>\d{{1,12}})\s+(?P<v>{_NUM})\s*$", re.I)
-#: mmengine (MMDetection, XTuner...): ``Epoch(train) [1][200/735]`` or ``Iter(train) [200/40000]``.
-_MMENGINE_STEP = re.compile(r"\b(?:Epoch\((?:train)\)\s*\[(?P<epoch>\d{1,9})\]\[\s*(?P<i>\d{1,12})/(?P<n>\d{1,12})\]"
-                            r"|Iter\((?:train)\)\s*\[\s*(?P<iter>\d{1,12})/\d{1,12}\])")
-#: A step counted within its epoch (``Epoch [2/10], Step [100/600], Loss: ...``, timm's
-#: ``Epoch: [3]  [ 100/1251]``, PyTorch's MNIST ``Train Epoch: 1 [2560/60000 (4%)]``): read as
-#: a global count, so the next epoch is not a restart.
-_EPOCH_STEP = re.compile(
-    r"\bEpoch\b[:\s]*\[?\s*(?P<epoch>\d{1,9})(?:\s*/\s*\d{1,9})?\s*\]?[,\s|:-]*"
-    r"(?:(?:Step|Iter(?:ation)?|Batch)\b[:\s]*)?\[\s*(?P<i>\d{1,12})\s*/\s*(?P<n>\d{1,12})"
-    r"|\bEpoch\b[:\s]*\[?\s*(?P<epoch2>\d{1,9})(?:\s*/\s*\d{1,9})?\s*\]?[,\s|:-]*"
-    r"(?:Step|Iter(?:ation)?|Batch)\b[:\s]*(?P<i2>\d{1,12})\s*/\s*(?P<n2>\d{1,12})",
-    re.I,
-)
 #: Keras prints ``Epoch 65/1000`` on its own line and the epoch's loss on the bar after it.
 _EPOCH_HEADER = re.compile(r"^\s*Epoch\s+(?P<epoch>\d{1,9})/\d{1,9}\s*$")
-#: tqdm's bar (``380/2724 [14:02:33<86:01:24, 132.12s/it]``): steps completed so far.
-_PROGRESS = re.compile(r"(?<![\d/.])(?P<done>\d{1,12})/(?P<total>\d{1,12})\s*\[(?:\d|\?)")
-#: A loss by any of the names loops give it: ``loss``, ``lm loss``, ``train/loss``,
-#: ``total_loss``, ``per_token_loss``, ``step_loss``, ``average_loss``, ``loss_avg``...
-_LOSS_ANY = re.compile(
-    rf"(?<![\w.-])(?P<key>(?:[A-Za-z][A-Za-z0-9]*[ _/]){{0,2}}loss(?:[_ ](?:avg|mean|value|net))?)(?![\w-])"
-    rf"\s*[:=]?\s*\[?\s*(?P<v>{_NUM})(?:(?![\w.])|(?=\.(?:\s|$)))",
-    re.I,
-)
-_PPL = re.compile(rf"(?<![\w.-])(?:ppl|perplexity)\b\s*[:=]?\s*(?P<v>{_NUM}){_NUM_END}", re.I)
 #: A non-finite loss announced in words, with no step (TensorFlow's ``Model diverged with
 #: loss = NaN.``, ``Loss is nan, stopping training``).
 _NAN_MESSAGE = re.compile(
-    r"diverged with loss\s*=\s*nan|\bloss\s+(?:is|became|becomes|=|:)\s*(?:nan|inf)\b|\bnan loss\b", re.I
+    r"diverged with loss\s*=\s*nan|\bloss\s+(?:is|became|becomes|=|:)\s*(?:nan|inf)\b|\bnan loss\b"
+    r"|\bloss became infinite or nan\b|\bloss(?:tensor)? is inf or nan\b|\bnon-finite loss\b", re.I
 )
+#: The step a NaN message names (detectron2's ``Loss became infinite or NaN at iteration=1029!``).
+_NAN_AT = re.compile(r"\bat (?:iteration|iter|step)\s*[=:]?\s*(?P<step>\d{1,18})\b", re.I)
 #: fairseq / metaseq: ``| WARNING: overflow detected, setting loss scale to: 0.25``.
 _FAIRSEQ_OVERFLOW = re.compile(rf"overflow detected, setting loss scale to:?\s*(?P<v>{_NUM})", re.I)
 #: The scaler at its floor: the run stops on the next overflow.
 _SCALE_MINIMUM = re.compile(
     rf"loss scale already at minimum|minimum loss scale reached(?:\s*\(\s*(?P<v>{_NUM})\s*\))?", re.I
 )
-_GEN_LR = re.compile(rf"(?<![\w.-])(?:lr|learning[_ ]rate)\b\s*[:=]?\s*\[?\s*(?P<v>{_NUM}){_NUM_END}", re.I)
-_GEN_GRAD = re.compile(
-    rf"(?<![\w.-])(?:grad(?:ient)?[_ -]?norm|gnorm|grad_l2_norm)\b\s*[:=]?\s*(?P<v>{_NUM}){_NUM_END}", re.I
-)
-_GEN_SCALE = re.compile(rf"(?<![\w.-])loss[_ ]scale\b\s*[:=]?\s*(?P<v>{_NUM}){_NUM_END}", re.I)
-_GEN_SPEED = re.compile(
-    rf"(?<![\w.-])(?P<key>speed|throughput|tps)\b\s*[:=]?\s*(?P<v>\d{{1,3}}(?:,\d{{3}})+(?:\.\d+)?|{_NUM}){_NUM_END}\s*"
-    r"(?P<unit>[A-Za-z][\w]*(?:/[\w]+)*)?",
-    re.I,
-)
-_GEN_TOKENS = re.compile(r"(?<![\w.-])(?:tokens|num_tokens|consumed[_ ]tokens)\b\s*[:=]\s*(?P<v>\d[\d,]*)", re.I)
-_GEN_EPOCH = re.compile(rf"(?<![\w.-])epoch\b\s*[:=]?\s*(?P<v>{_NUM}){_NUM_END}", re.I)
-_RANK_TAG = re.compile(r"^\s*(\[(?:default|rank)\s*\d+\]:|\d+:\s|\[\d+,\d+\]<\w+>:)")
 _LOSS_KEY_QUOTED = re.compile(r"""['"](?:train/)?loss['"]\s*:""")
 _BARE_NONFINITE = re.compile(r"(?P<pre>[:,\[(]\s*)(?P<sign>-?)(?P<word>nan|inf)(?=\s*[,}\])])")
 
@@ -396,17 +314,8 @@ _EPOCH_KEYS = ("epoch", "train/epoch")
 _TIME_KEYS = ("time", "timestamp")
 
 
-def _time_in(text: str) -> datetime | None:
-    """The first wall-clock timestamp in a line's prefix (launcher, logger or Megatron's
-    ``[2024-05-01 12:00:00]``); zone-less times are UTC, per the bundle spec."""
-    match = _DATE.search(text)
-    return parse_iso(match.group(1)) if match else None
 
 
-def _rank_tag(line: str) -> str | None:
-    """The launcher's rank prefix, to tell a step printed by two ranks from a re-logged one."""
-    match = _RANK_TAG.match(line)
-    return match.group(1).strip() if match else None
 
 
 def _first(mapping: Mapping[str, Any], keys: Iterable[str]) -> tuple[str | None, Any]:
@@ -493,6 +402,14 @@ class _Builder:
         self.progress_fresh = False
         #: The epoch a Keras ``Epoch N/M`` header line announced (the step of its bar line).
         self.epoch: int | None = None
+        #: Global steps for ``epoch iteration`` pairs (epoch length not printed).
+        self.epochs = step_lines.EpochCounter()
+        #: A learning rate announced on a line of its own: for one step ahead (caffe prints
+        #: ``Iteration N, lr = X`` before the step's loss line), or from here on (``>>> lr:``).
+        self.lr_for: tuple[int, float] | None = None
+        self.lr_now: float | None = None
+        #: The step a header line announced, for the loss line after it (which prints none).
+        self.step_for: int | None = None
 
     def gap(self, reason: str, line: int | None) -> None:
         if len(self.gaps) < MAX_EVENTS:
@@ -523,10 +440,33 @@ class _Builder:
         self.ordinal += 1
         return last + 1
 
+    def announce_lr(self, announced: step_lines.LrLine) -> None:
+        """A learning rate printed on a line of its own: the logged step's when it names that
+        step, the named step's when that step comes next, every later step's when it names
+        none (until another announcement)."""
+        last = self.records[-1] if self.records else None
+        if announced.step is None:
+            # Printed under its step's line (tf-faster-rcnn's `` >>> lr:``) or ahead of the
+            # steps it governs: the step just logged, when close above, and those to come.
+            if last is not None and last.lr is None and self.lines - last.line <= ANNOUNCE_REACH:
+                last.lr = announced.lr
+            self.lr_now = announced.lr
+        elif last is not None and last.step == announced.step:
+            last.lr = announced.lr if last.lr is None else last.lr
+        else:
+            self.lr_for = (announced.step, announced.lr)
+            self.step_for = announced.step if announced.header else None
+
     def add(self, record: StepRecord, tag: str | None = None) -> None:
         """Store a step; a DeepSpeed overflow seen since the last step marks this one skipped,
         dates it and supplies its loss scale when the line has none (unless the overflow's own
         step is known and is another one)."""
+        self.step_for = None
+        if record.lr is None:
+            if self.lr_for is not None and self.lr_for[0] == record.step:
+                record.lr = self.lr_for[1]
+            elif self.lr_now is not None:
+                record.lr = self.lr_now
         if self.pending is not None and self.pending.step not in (None, record.step):
             self.pending = None
         if self.pending is not None:
@@ -685,7 +625,7 @@ def _read_megatron(builder: _Builder, number: int, line: str, match: re.Match[st
     values = _pipe_fields(line[match.end():])
     record = StepRecord(step=int(match["step"]), line=number, text=clip(line), source="megatron")
     record.time = _time_in(line[: match.start()])
-    ranked = [(rank, key) for key in values if "loss" in key and (rank := _loss_rank(key)) is not None]
+    ranked = [(rank, key) for key in values if "loss" in key and (rank := step_lines.loss_rank(key)) is not None]
     loss_key = min(ranked)[1] if ranked else None
     record.loss = _field_number(builder, values, loss_key, number) if loss_key else None
     record.lr = _field_number(builder, values, _present(values, "learning rate", "lr"), number)
@@ -868,140 +808,49 @@ def _from_mapping(
     return record
 
 
-def _loss_rank(key: str) -> int | None:
-    """How much a loss key is the training loss: lower is better; None for an evaluation's
-    loss or the loss scale. ``loss`` itself first, then the train/lm/step/total forms, then
-    the smoothed ones (a running average blurs the very spike we look for), NLL last."""
-    parts = [part for part in re.split(r"[\s_/]+", key.lower()) if part]
-    if any(part in _EVAL_PARTS for part in parts):
+
+
+
+
+
+
+
+
+
+
+def _read_generic(number: int, line: str, epoch: int | None = None,
+                  counter: step_lines.EpochCounter | None = None, step: int | None = None) -> StepRecord | None:
+    """A line no specific parser claims, read by the generic step-line reader
+    (``step_lines.read_line``: hand-written loops, vision toolboxes, darknet, TensorFlow,
+    fairseq, progress bars...). ``counter`` numbers ``epoch iteration`` pairs globally;
+    ``step`` is the one a header line announced for a loss line that prints none."""
+    found = step_lines.read_line(line, epoch=epoch, step=step)
+    if found is None:
         return None
-    if parts == ["loss"]:
-        return 0
-    if parts[0] in ("train", "training"):
-        return 1
-    if parts[0] in ("lm", "mlm"):
-        return 2
-    if parts[0] == "step":
-        return 3
-    if parts[0] == "total":
-        return 4
-    if parts[0] in ("average", "avg", "mean", "running", "smoothed") or parts[-1] in ("avg", "mean"):
-        return 6
-    if parts[0] == "nll":
-        return 7
-    return 5
-
-
-#: Keras' end-of-epoch bar (``10954/10954 [=====] - 659s - loss: 0.05 - val_loss: 0.06``):
-#: a training line even when it also reports the validation loss.
-_KERAS_BAR = re.compile(r"^\s*\d{1,12}/\d{1,12}\s+\[[=>.]*\]")
-
-
-def _pick_loss(line: str) -> re.Match[str] | None:
-    """The training loss of a line; None on an evaluation report, which is any line carrying
-    an evaluation's loss (nanoGPT's ``step 400: train loss 2.30, val loss 2.40`` estimates
-    both on held-out batches: it is not a training step), except Keras' epoch bar."""
-    best: tuple[int, re.Match[str]] | None = None
-    keras = bool(_KERAS_BAR.match(line))
-    for match in _LOSS_ANY.finditer(line):
-        rank = _loss_rank(match["key"])
-        if rank is None:
-            if "scale" not in match["key"].lower() and not keras:
-                return None
-            continue
-        if best is None or rank < best[0]:
-            best = (rank, match)
-    return best[1] if best else None
-
-
-def _pick_step(line: str, loss_at: int, epoch: int | None = None) -> tuple[int, int] | None:
-    """(step, position) of a line's step number: ``global_step``/``num_updates`` first, else
-    mmengine's ``[epoch][i/n]`` (as a global step), the first step keyword, an ``(epoch,
-    step)`` pair, a leading table number, the epoch a Keras header announced, a bar."""
-    mm = _MMENGINE_STEP.search(line)
-    if mm is not None:
-        if mm["iter"] is not None:
-            return int(mm["iter"]), mm.start()
-        return (int(mm["epoch"]) - 1) * int(mm["n"]) + int(mm["i"]), mm.start()
-    keyed = list(_GEN_STEP.finditer(line))
-    if not any(m["key"].lower().replace(" ", "_") in ("global_step", "globalstep", "num_updates") for m in keyed):
-        within = _EPOCH_STEP.search(line)
-        if within is not None:
-            epoch = int(within["epoch"] or within["epoch2"])
-            index, size = int(within["i"] or within["i2"]), int(within["n"] or within["n2"])
-            return max(epoch - 1, 0) * size + index, within.start()
-    for match in keyed:
-        if match["key"].lower().replace(" ", "_") in ("global_step", "globalstep", "num_updates"):
-            return int(match["step"]), match.start()
-    if keyed:
-        return int(keyed[0]["step"]), keyed[0].start()
-    pair = _TUPLE_STEP.search(line)
-    if pair is not None:
-        return int(pair["step"]), pair.start()
-    if epoch is not None and re.match(r"^\s*\d{1,12}/\d{1,12}\s+\[", line):
-        return epoch, 0
-    lead = _LEADING_STEP.match(line)
-    if lead is not None and lead.end() <= loss_at:
-        return int(lead["step"]), lead.start()
-    bars = list(_PROGRESS.finditer(line))
-    if bars:
-        return int(bars[-1]["done"]), bars[-1].start()
-    return None
-
-
-def _strip_launcher(line: str) -> str:
-    """The line without its launcher's rank tag and a leading timestamp (which would read as a
-    leading step number)."""
-    tag = _RANK_TAG.match(line)
-    rest = line[tag.end():] if tag else line
-    stamp = re.match(r"^\s*\[?\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}:\d{2}(?:[.,]\d+)?(?:Z|[+-]\d{2}:?\d{2})?\]?", rest)
-    return rest[stamp.end():] if stamp else rest
-
-
-def _read_generic(number: int, line: str, epoch: int | None = None) -> StepRecord | None:
-    """Key-value step lines of hand-written loops and other trainers (FSDP examples, nanoGPT,
-    torchtitan, fairseq's ``num_updates``, NVIDIA DLLogger's ``Training Iteration: N ...
-    step_loss : X``, TensorFlow's ``loss = X, step = N``, ``1220 | loss 3.29 | ...`` tables).
-    A line whose loss belongs to an evaluation is not a training step."""
-    if "loss" not in line.lower():
-        return None
-    body = _strip_launcher(line)
-    loss = _pick_loss(body)
-    if loss is None or _EVAL_WORD.search(body, 0, loss.start()):
-        return None
-    step = _pick_step(body, loss.start(), epoch)
+    step = found.step
+    if step is None and found.within is not None:
+        step = (counter or step_lines.EpochCounter()).step(*found.within)
     if step is None:
         return None
-    offset = len(line) - len(body)
-    record = StepRecord(
-        step=step[0], loss=_float(loss["v"]), line=number, text=clip(line), source="generic",
-        time=_time_in(line[: offset + min(step[1], loss.start())]),
+    return StepRecord(
+        step=step, loss=found.loss, lr=found.lr, grad_norm=found.grad_norm, loss_scale=found.loss_scale,
+        time=found.time, tokens=found.tokens, throughput=found.throughput, epoch=found.epoch, line=number,
+        text=clip(line), source="darknet" if found.shape == "darknet" else "generic",
+        throughput_unit=found.throughput_unit, perplexity=found.perplexity,
     )
-    if (match := _GEN_LR.search(body)) is not None:
-        record.lr = _float(match["v"])
-    if (match := _GEN_GRAD.search(body)) is not None:
-        record.grad_norm = _float(match["v"])
-    if (match := _GEN_SCALE.search(body)) is not None:
-        record.loss_scale = _float(match["v"])
-    if (match := _GEN_SPEED.search(body)) is not None:
-        record.throughput = _float(match["v"])
-        record.throughput_unit = match["unit"] or ("tokens/s" if match["key"].lower() == "tps" else None)
-    if (match := _GEN_TOKENS.search(body)) is not None:
-        record.tokens = _bounded(int(match["v"].replace(",", "")))
-    if (match := _GEN_EPOCH.search(body)) is not None:
-        record.epoch = _float(match["v"])
-    if (match := _PPL.search(body)) is not None:
-        record.perplexity = _float(match["v"])
-    return record
 
 
 def _read_nan_message(builder: _Builder, number: int, line: str) -> StepRecord | None:
-    """A non-finite loss announced without a step: the step after the last one logged (one
-    record however many ranks print it)."""
+    """A non-finite loss announced in words: at the step it names, else the step after the
+    last one logged (one record however many ranks print it)."""
     last = builder.records[-1] if builder.records else None
     if last is not None and last.source == "nan-message":
         return None
-    step = last.step + 1 if last is not None else builder.next_ordinal()
+    named = _NAN_AT.search(line)
+    if named is not None:
+        step = int(named["step"])
+    else:
+        step = last.step + 1 if last is not None else builder.next_ordinal()
     return StepRecord(step=step, loss=math.nan, line=number, text=clip(line), source="nan-message",
                       time=_time_in(line))
 
@@ -1034,7 +883,7 @@ def _continues(line: str, previous: str) -> bool:
     stripped = line.strip()
     if previous.rstrip().endswith("|") and not _FIELDS_PIECE.match(line):
         return False
-    if not stripped or len(stripped) > 2000 or _RANK_TAG.match(line) or _DATE.match(stripped):
+    if not stripped or len(stripped) > 2000 or _rank_tag(line) is not None or _DATE.match(stripped):
         return False
     if "iteration" in line and _MEGATRON.search(line):
         return False
@@ -1143,7 +992,10 @@ def _dispatch(builder: _Builder, number: int, line: str) -> None:
     if _ELISION.match(line):
         builder.gap("elided lines in the log ('...'): steps between may be missing", number)
         return
-    record = _read_generic(number, line, builder.epoch)
+    record = _read_generic(number, line, builder.epoch, builder.epochs, builder.step_for)
+    if record is None and (announced := step_lines.read_lr_line(line)) is not None:
+        builder.announce_lr(announced)
+        return
     if record is None and (match := _BARE_PAIR.match(_strip_launcher(line))) is not None:
         record = StepRecord(step=int(match["step"]), loss=_float(match["v"]), line=number, text=clip(line),
                             source="table")

@@ -140,6 +140,8 @@ def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         steps = f" (steps {detector.first_step}..{detector.last_step})" if detector.first_step is not None else ""
         unread = f", {stats.bad_lines} unreadable line(s)" if stats.bad_lines else ""
         errors = f", {stats.errors} failed poll(s), last: {stats.last_error}" if stats.errors else ""
+        recorded = (f", {len(detector.recorded)} routine jump(s) recorded (not incidents)"
+                    if detector.recorded else "")
         err.write(f"spikeops watch: {detector.counts['records']} record(s){steps}, "
-                  f"{len(detector.incidents)} incident(s){unread}{errors}\n")
+                  f"{len(detector.incidents)} incident(s){recorded}{unread}{errors}\n")
     return status
