@@ -302,6 +302,10 @@ def _report_actions(results: list[Any], out: TextIO, as_json: bool) -> int:
 def _cmd_nodes(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from spikeops.inventory import expand_nodes
 
+    if args.action == "history":  # the ledger's record, not the scheduler's
+        from spikeops.ledger.cli import run_nodes_history
+
+        return run_nodes_history(args, out, err)
     scheduler = _scheduler(args)
     if args.action == "list":
         drained = scheduler.drained()
@@ -690,8 +694,11 @@ def build_parser() -> argparse.ArgumentParser:
     from spikeops.baselines import add_baselines_parser
     from spikeops.watch.cli import add_parser as add_watch_parser
 
+    from spikeops.ledger.cli import add_history_parser, add_parsers as add_ledger_parsers
+
     add_baselines_parser(commands)
     add_watch_parser(commands)
+    add_ledger_parsers(commands)
 
     demo = commands.add_parser(
         "demo", help="the whole pipeline on one machine: a cluster, a diverging job, the flow",
@@ -727,6 +734,7 @@ def build_parser() -> argparse.ArgumentParser:
                                       "drained only. " + safety)
     release.add_argument("nodes", nargs="+", metavar="NODE", help="node names or node sets")
     node_actions.add_parser("list", parents=[common], help="the nodes spikeops has drained, with reasons")
+    add_history_parser(node_actions)
     nodes.set_defaults(handler=_cmd_nodes)
 
     job = commands.add_parser("job", help="stop, preserve and resume a job",
