@@ -119,8 +119,9 @@ def world(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.Mo
     """``request.param``: (predicate on the simulator's answer, causes to look among)."""
     cause, seed = find(*request.param)
     port = simcluster.free_port((FIRST_ADDRESS,))
-    with simcluster.running(tmp_path / "cluster", nodes=NODES, port=port, first_address=FIRST_ADDRESS,
-                            scenario=cause, seed=seed) as cluster, SlackServer(token=TOKEN) as slack:
+    with simcluster.scratch() as scratch, \
+            simcluster.running(scratch / "cluster", nodes=NODES, port=port, first_address=FIRST_ADDRESS,
+                               scenario=cause, seed=seed) as cluster, SlackServer(token=TOKEN) as slack:
         add_spare(cluster.inventory, SPARE, SPARE_ADDRESS)
         ledger_url = f"sqlite:///{tmp_path / 'ledger.db'}"
         monkeypatch.setenv("SLACK_BOT_TOKEN", TOKEN)
@@ -301,3 +302,98 @@ def test_an_unreachable_ledger_does_not_stop_an_incident(world: World, prefect_s
     assert pending(world.tmp / "incidents") == []
     with world.ledger() as ledger:
         assert ledger.incident("inc-offline-1")["cause"] == "gpu_xid"
+
+
+# ---------------------------------------------------------------------------- on the real Slurm
+
+
+SLURM_ADDRESS = "127.0.62.11"
+SLURM_SPARE_ADDRESS = "127.0.62.250"
+
+
+@pytest.fixture
+def slurm_world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """The real Slurm (munged, slurmctld, one slurmd per node) over the scenario's node names
+    plus a spare; the job is a batch script that records where and from which checkpoint it
+    runs (tests/test_incident_flow_slurm.py)."""
+    from spikeops.schedulers import ActionLog, SlurmConfig, SlurmScheduler
+    from spikeops.schedulers.base import LocalRunner
+    from spikeops.sim import slurmcluster
+
+    slurmflow._require_slurm()
+    cause, seed = find(_xid_nan, ("gpu_xid",))
+    port = simcluster.free_port((SLURM_ADDRESS,))
+    with simcluster.scratch() as scratch, \
+            simcluster.running(scratch / "cluster", nodes=NODES, port=port, first_address=SLURM_ADDRESS,
+                               scenario=cause, seed=seed) as cluster, \
+            slurmcluster.running(tmp_path / "slurm", names=[*cluster.nodes, SPARE]) as slurm, \
+            SlackServer(token=TOKEN) as slack:
+        add_spare(cluster.inventory, SPARE, SLURM_SPARE_ADDRESS)
+        monkeypatch.setenv("SLACK_BOT_TOKEN", TOKEN)
+        monkeypatch.setenv("SPIKEOPS_SLACK_API_URL", slack.api_url)
+        monkeypatch.setenv("SLURM_CONF", slurm.env["SLURM_CONF"])
+        config = tmp_path / "spikeops.toml"
+        config.write_text(config_text(tmp_path, cluster.inventory, "slurm"))
+        monkeypatch.setenv("SPIKEOPS_CONFIG", str(config))
+        scheduler = SlurmScheduler(LocalRunner(slurm.env), SlurmConfig(timeout=20), ActionLog(None))
+        world = slurmflow.World(cluster, slurm, slack, scheduler, "", None, tmp_path)  # type: ignore[arg-type]
+        world.job = world.run("sbatch", "--parsable", "-w", ",".join(cluster.nodes), f"--chdir={tmp_path}",
+                                     str(slurmflow._batch_script(tmp_path, len(cluster.nodes)))).strip().split(";")[0]
+        slurmflow._wait(f"job {world.job} running", lambda: world.state(world.job) == "RUNNING")
+        time.sleep(0.5)
+        run_dir = tmp_path / "runs" / world.job
+        run_dir.mkdir(parents=True)
+        for name in FILES:
+            if (cluster.scenario_bundle / name).is_file():
+                shutil.copy2(cluster.scenario_bundle / name, run_dir / name)
+        lay_checkpoints(tmp_path / "ckpt" / world.job, cluster.scenario_bundle)
+        try:
+            yield world
+        finally:
+            world.give_back()
+
+
+def test_on_slurm_a_recurring_nan_is_resumed_from_older_checkpoints_then_stops_for_a_person(
+        slurm_world: Any, prefect_server: None) -> None:
+    """The key scenario on the real Slurm: each resubmission trains in its lineage's
+    directories (the configuration's ``{job}`` paths name the first job's), the second incident
+    finds the first in history.json and resumes from the older checkpoint, the third waits for
+    a person."""
+    from spikeops.flows.incident_response import incident_response
+    from tests.test_incident_flow import flow_params
+
+    world, tmp = slurm_world, slurm_world.tmp
+    job1 = world.job
+
+    def run(job: str, incident: str, **overrides: Any) -> dict[str, Any]:
+        return incident_response(**flow_params(job, "sim", incident_id=incident, **overrides))
+
+    first = run(job1, "inc-slurm-rec-1")
+    assert first["diagnosis"]["primary"]["cause"] == "gpu_xid" and first["resumed"]["outcome"] == "done"
+    culprit, c1 = first["diagnosis"]["culprit_nodes"][0], first["diagnosis"]["resume_from"]
+    job2 = first["resumed"]["extra"]["new_job"]
+    slurmflow._wait(f"job {job2} running", lambda: world.state(job2) == "RUNNING")
+    relog(tmp / "runs" / job1, c1["step"])
+
+    second = run(job2, "inc-slurm-rec-2")
+    assert [h["incident_id"] for h in _history(Path(second["bundle"]))] == ["inc-slurm-rec-1"]
+    assert second["diagnosis"]["primary"]["cause"] == "poisoned_checkpoint"
+    c2 = second["diagnosis"]["resume_from"]
+    assert c2["step"] < c1["step"] and Path(c2["path"]).parent == tmp / "ckpt" / job1
+    assert second["resumed"]["outcome"] == "done", second["resumed"]
+    job3 = second["resumed"]["extra"]["new_job"]
+    slurmflow._wait(f"job {job3} running", lambda: world.state(job3) == "RUNNING" and len(
+        (tmp / "runs.txt").read_text().splitlines()) == 3)
+    runs = (tmp / "runs.txt").read_text().splitlines()
+    assert [line.split()[1] for line in runs] == ["none", c1["path"], c2["path"]]  # never the same checkpoint
+    assert culprit not in world.scheduler.show_job(job3)[0].nodes and [n.name for n in world.scheduler.drained()] \
+        == [culprit]
+    assert "is in doubt" in " | ".join(m.text for m in world.slack.messages)
+    relog(tmp / "runs" / job1, c2["step"])
+
+    third = run(job3, "inc-slurm-rec-3", approval_timeout_s=3)
+    assert third["resumed"]["outcome"] == "not resumed" and world.state(job3) == "CANCELLED"
+    assert len((tmp / "runs.txt").read_text().splitlines()) == 3  # nothing resubmitted
+    texts = " | ".join(m.text for m in world.slack.messages)
+    assert f"{ONCALL} Restart budget spent" in texts and f"Job {job3} is left STOPPED" in texts
+    assert third["lost"]["gpus"] and third["lost"]["gpu_hours"] > 0

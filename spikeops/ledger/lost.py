@@ -116,7 +116,7 @@ def lost_time(row: Mapping[str, Any], *, now: datetime | None = None, next_opene
 def incident_view(row: Mapping[str, Any], *, now: datetime | None = None, next_opened: str | None = None,
                   ) -> dict[str, Any]:
     """One incident in ledger.md's ``incidents list --json`` shape (plus the documented
-    extensions: layer, confidence, spike_step, plan, outcome, bundle)."""
+    extensions: layer, confidence, spike_step, plan, auto_resumed, outcome, bundle)."""
     return {
         "incident_id": row.get("incident_id"), "cluster": row.get("cluster"), "job_id": row.get("job_id"),
         "lineage": row.get("lineage"), "opened": row.get("opened"), "symptom": row.get("symptom"),
@@ -127,5 +127,6 @@ def incident_view(row: Mapping[str, Any], *, now: datetime | None = None, next_o
         "times": {name: row.get(f"t_{name}") for name in TIMES},
         "lost": lost_time(row, now=now, next_opened=next_opened),
         "layer": row.get("layer"), "confidence": row.get("confidence"), "spike_step": row.get("spike_step"),
-        "plan": row.get("plan"), "outcome": row.get("outcome"), "bundle": row.get("bundle"),
+        "plan": row.get("plan"), "auto_resumed": row.get("auto_resumed"), "outcome": row.get("outcome"),
+        "bundle": row.get("bundle"),
     }
