@@ -16,8 +16,8 @@ addr = "127.0.0.1:8787"
 [clusters.sim]
 inventory = "/etc/spikeops/sim.toml"
 scheduler = "slurm"                 # or "local" (+ scheduler_state_dir)
-run_dir = "/shared/runs/{job}"      # where the job's spikeops.train files are
-checkpoint_root = "/ckpt/{job}"
+run_dir = "/shared/runs/{job}"      # where the job's spikeops.train files are ({lineage}: the
+checkpoint_root = "/ckpt/{job}"     # lineage's first job; a job spikeops resumed keeps its parent's paths)
 slack_channel = "#incidents"
 approval = "always"                 # always | auto-hardware | never
 approval_timeout_s = 3600           # how long a person has to answer; silence is a no
