@@ -267,23 +267,29 @@ class IncidentMemory:
                           f"(`spikeops nodes history {nodes[0]}`)")
 
     def _quarantine(self, action: dict[str, Any], diagnosis: dict[str, Any]) -> None:
-        from spikeops.checkpoints.pick import Candidate, quarantine, _quarantine_reason
+        from spikeops.checkpoints import find_checkpoints
+        from spikeops.checkpoints.pick import quarantine
+        from spikeops.errors import InputError
         from spikeops.schedulers import ActionLog, ActionResult
 
         path = Path(str(action.get("path") or ""))
         log = ActionLog(self.bundle / "actions.jsonl")
-        if self.settings.dry_run or not path.exists():
+        try:
+            candidate = next((c for c in find_checkpoints(path.parent) if c.path == path), None)
+        except InputError:
+            candidate = None
+        if self.settings.dry_run or candidate is None:
             why = "dry run" if self.settings.dry_run else "not found here"
             log.append(ActionResult("quarantine", str(path), "dry-run" if self.settings.dry_run else "refused",
                                     f"poisoned checkpoint: {why}", incident=self.incident))
             return
-        if _quarantine_reason(path):
-            log.append(ActionResult("quarantine", str(path), "nothing-to-do", "already quarantined",
+        if candidate.quarantined:
+            log.append(ActionResult("quarantine", str(path), "nothing-to-do", f"already {candidate.quarantined}",
                                     incident=self.incident))
             return
         reason = (f"poisoned: the {diagnosis.get('symptom')} recurred at step {diagnosis.get('spike_step')} after a "
                   f"resume from it ({self.incident})")
-        how = quarantine(Candidate(path, action.get("step"), True), reason, "marker")
+        how = quarantine(candidate, reason, "marker")
         log.append(ActionResult("quarantine", str(path), "done", f"{how}: {reason}", incident=self.incident))
         self._say("quarantine", f"Checkpoint {path} (step {action.get('step')}) quarantined ({how}): the run failed "
                   "again at the same point after resuming from it; it is never picked again until the marker is "

@@ -159,7 +159,8 @@ def _cmd_report(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         return 0
     console = _console(out)
     total = report["total"]
-    console.print(f"{total['incidents']} incident(s){' since ' + args.since if args.since else ''}"
+    window = f" since {args.since}" if args.since and args.since.lower() != "all" else ""
+    console.print(f"{total['incidents']} incident(s){window}"
                   f"{' on ' + args.cluster if args.cluster else ''}: {_hours(total['gpu_hours'])} GPU-hours lost, "
                   f"MTTR {_duration(total['mttr_s'])} (alert to the resumed job running), {total['resumed']} resumed, "
                   f"{total['recurrences']} recurrence(s), {total['held_for_person']} waiting for a person")
