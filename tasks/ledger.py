@@ -398,7 +398,7 @@ class IncidentMemory:
         if new_job:
             self.context["t_resumed_running"] = self._running_since(str(new_job))
         self.context["outcome"] = outcome.get("summary")
-        self.context["held_for_person"] = self.held
+        self.context["held_reason"] = self.held
         try:
             entry = entry_from_bundle(self.bundle, self.context)
         except Exception as exc:  # noqa: BLE001 - the incident's end must not fail for its index
