@@ -54,6 +54,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/bench_receiver.py
 	$(BIN)/python bench/bench_monitoring.py
 	$(BIN)/python bench/bench_demo.py
+	$(BIN)/python bench/bench_ledger.py
 
 example: $(STAMP)
 	$(BIN)/python examples/build_example.py

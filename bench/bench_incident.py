@@ -42,7 +42,8 @@ def one(nodes: int, work: Path, trace: bool = False, symptom: str = "nan", start
     with SlackServer(token=TOKEN) as slack:
         env = dict(os.environ, PREFECT_HOME=str(work / "prefect-home"), PREFECT_API_URL=api,
                    PREFECT_SERVER_ANALYTICS_ENABLED="false", PREFECT_UI_ENABLED="false",
-                   SPIKEOPS_RECEIVER_TOKEN="bench", SLACK_BOT_TOKEN=TOKEN, SPIKEOPS_SLACK_API_URL=slack.api_url)
+                   SPIKEOPS_RECEIVER_TOKEN="bench", SLACK_BOT_TOKEN=TOKEN, SPIKEOPS_SLACK_API_URL=slack.api_url,
+                   SPIKEOPS_LEDGER_URL=f"sqlite:///{work / 'ledger.db'}")  # never the user's ledger
         logs = open(work / "servers.log", "wb")  # noqa: SIM115
         server = subprocess.Popen([str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port",
                                    str(prefect_port)], env=env, stdout=logs, stderr=subprocess.STDOUT,

@@ -76,7 +76,8 @@ class Layout:
             port = _free()
             self.api = f"http://127.0.0.1:{port}/api"
             self.env.update(PREFECT_HOME=str(self.work / "prefect-home"), PREFECT_API_URL=self.api,
-                            PREFECT_SERVER_ANALYTICS_ENABLED="false", PREFECT_UI_ENABLED="false")
+                            PREFECT_SERVER_ANALYTICS_ENABLED="false", PREFECT_UI_ENABLED="false",
+                            SPIKEOPS_LEDGER_URL=f"sqlite:///{self.work / 'ledger.db'}")
             server = subprocess.Popen([str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port",
                                        str(port)], env=self.env, stdout=logs, stderr=subprocess.STDOUT,
                                       start_new_session=True)

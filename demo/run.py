@@ -123,7 +123,7 @@ class _Printer:
 
 def _quiet_prefect_environment(directory: Path) -> None:
     """The ephemeral Prefect server keeps its database in the demo directory, never in the
-    user's profile, and says nothing the demo does not print itself."""
+    user's profile, and says nothing the demo does not print itself; so does the ledger."""
     home = directory / "prefect"
     home.mkdir(parents=True, exist_ok=True)
     os.environ.update({
@@ -133,6 +133,8 @@ def _quiet_prefect_environment(directory: Path) -> None:
         "PREFECT_UI_ENABLED": "false",
         "PREFECT_LOGGING_LEVEL": "ERROR",
         "PREFECT_LOGGING_TO_API_ENABLED": "false",
+        # the demo's incidents go to a ledger of its own, never the user's (docs/ledger.md)
+        "SPIKEOPS_LEDGER_URL": f"sqlite:///{directory / 'ledger.db'}",
     })
     os.environ.pop("PREFECT_API_URL", None)  # never the user's server: the demo brings its own
     os.environ.pop("SLACK_BOT_TOKEN", None)  # the demo posts to the outbox, never to a real workspace

@@ -11,6 +11,8 @@ the package): its data directory is that user's, and the directories above it ge
 bit (never read) so that user reaches it, as the simulated cluster does for its login user.
 The password is generated, kept in ``DIR/pgpass`` (mode 0600, libpq's format: ``PGPASSFILE=
 DIR/pgpass psql -h 127.0.0.1 -p PORT -U spikeops prefect`` opens a shell), and never printed.
+``create_ledger`` adds spikeops' ledger beside Prefect's database: its own role and password
+(``DIR/ledger-pgpass``), so what writes the ledger never holds Prefect's password.
 """
 
 from __future__ import annotations
@@ -28,11 +30,16 @@ from spikeops.errors import SpikeopsError
 from spikeops.sim.processes import pid_alive, read_pid
 
 __all__ = ["PostgresError", "PostgresServer", "bin_dir", "ensure_installed", "server_account", "init", "start",
-           "stop", "running", "remove", "free_port", "SUPERUSER", "DATABASE"]
+           "stop", "running", "remove", "free_port", "create_ledger", "SUPERUSER", "DATABASE", "LEDGER_ROLE",
+           "LEDGER_DATABASE"]
 
 PG_ROOT = Path("/usr/lib/postgresql")
 SUPERUSER = "spikeops"
 DATABASE = "prefect"
+#: spikeops' ledger (docs/ledger.md): a database of its own, owned by a role of its own, so the
+#: workers that write it never hold the password of Prefect's database.
+LEDGER_ROLE = "spikeops_ledger"
+LEDGER_DATABASE = "spikeops"
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -197,6 +204,35 @@ def start(server: PostgresServer, log: Path, marker: dict[str, str] | None = Non
     if made.returncode != 0:
         lines = made.stderr.strip().splitlines()
         raise PostgresError(f"createdb {DATABASE}: {lines[-1] if lines else f'exit {made.returncode}'}")
+
+
+def _psql(server: PostgresServer, sql: str, database: str = "postgres") -> subprocess.CompletedProcess[str]:
+    """SQL as the superuser, on stdin (never on a command line, where ``ps`` shows it)."""
+    env = {"PATH": "/usr/bin:/bin", "PGPASSWORD": server.password, "PGCONNECT_TIMEOUT": "10"}
+    done = subprocess.run([str(server.bin / "psql"), "-h", server.host, "-p", str(server.port), "-U", SUPERUSER,
+                           "-d", database, "-v", "ON_ERROR_STOP=1", "-tAq", "-f", "-"], input=sql,
+                          capture_output=True, text=True, env=env, check=False, timeout=60)
+    if done.returncode != 0:
+        lines = done.stderr.strip().splitlines()
+        raise PostgresError(f"psql: {lines[-1] if lines else f'exit {done.returncode}'}")
+    return done
+
+
+def create_ledger(server: PostgresServer, passfile: Path) -> str:
+    """spikeops' ledger in this cluster: the role ``LEDGER_ROLE`` (a new password, kept in
+    ``passfile``, mode 0600, libpq's format, and nowhere else) owning the database
+    ``LEDGER_DATABASE``. Returns the ledger's URL, which holds no password: a client finds it
+    with ``PGPASSFILE=passfile``. Idempotent (a second call changes the password)."""
+    password = secrets.token_urlsafe(24)
+    _psql(server, f"DO $$ BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '{LEDGER_ROLE}') THEN "
+                  f"CREATE ROLE {LEDGER_ROLE} LOGIN; END IF; END $$;\n"
+                  f"ALTER ROLE {LEDGER_ROLE} PASSWORD '{password}';\n")
+    listed = _psql(server, f"SELECT 1 FROM pg_database WHERE datname = '{LEDGER_DATABASE}';")
+    if listed.stdout.strip() != "1":
+        _psql(server, f"CREATE DATABASE {LEDGER_DATABASE} OWNER {LEDGER_ROLE};")
+    passfile.write_text(f"{server.host}:{server.port}:{LEDGER_DATABASE}:{LEDGER_ROLE}:{password}\n")
+    os.chmod(passfile, 0o600)
+    return f"postgresql://{LEDGER_ROLE}@{server.host}:{server.port}/{LEDGER_DATABASE}"
 
 
 def running(data: Path) -> bool:

@@ -402,11 +402,15 @@ def _replay(body: bytes | None, receive: Any, pending: Any = None, more: bool = 
 
 
 def create_app(starter: Starter, config: ReceiverConfig | None = None,
-               emit: Callable[[Alert], None] | None = None, *, coalesce: bool = True) -> Any:
+               emit: Callable[[Alert], None] | None = None, *, coalesce: bool = True,
+               metrics: Callable[[], tuple[bytes, str]] | None = None) -> Any:
     """The FastAPI app. ``starter(alert, idempotency_key)`` starts (or finds) the flow run and
     returns its id; ``emit(alert)`` publishes an event (a Prefect event in production).
     ``coalesce=False`` sends every copy to the starter (the receiver before single-flight: the
-    benchmark's baseline). ``app.state.flight`` is the ``SingleFlight`` (its ``stats``)."""
+    benchmark's baseline). ``app.state.flight`` is the ``SingleFlight`` (its ``stats``).
+    ``metrics()``: the body and content type of ``GET /metrics`` (the ledger's, in ``spikeops
+    serve``: ``spikeops.ledger.metrics``); aggregate counts, served without credentials as
+    Prometheus scrapes them."""
     config = config or ReceiverConfig.from_env()
     app = _ReceiverApp(title="spikeops alert receiver", docs_url=None, redoc_url=None)
     flight = SingleFlight(starter, remember_s=config.remember_s, remember_max=config.remember_max)
@@ -416,6 +420,15 @@ def create_app(starter: Starter, config: ReceiverConfig | None = None,
     @app.get("/healthz")
     def health() -> dict[str, str]:
         return {"status": "ok"}
+
+    if metrics is not None:
+        from starlette.responses import Response
+
+        async def scrape(_request: Request) -> Response:
+            body, content_type = await run_in_threadpool(metrics)  # the ledger's I/O, off the event loop
+            return Response(body, media_type=content_type)
+
+        app.add_route("/metrics", scrape, methods=["GET"])
 
     async def receive(request: Request) -> JSONResponse:
         source = request.path_params["source"]

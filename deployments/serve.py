@@ -21,7 +21,7 @@ from spikeops.deployments.incident import (describe_parameters, ensure_incident_
                                            restrict_clusters)
 
 __all__ = ["DEPLOYMENT_NAME", "incident_deployment", "describe_parameters", "restrict_clusters", "prefect_emitter",
-           "serve", "serve_receiver"]
+           "serve", "serve_receiver", "ledger_metrics"]
 
 
 def check_api() -> str:
@@ -53,6 +53,14 @@ def prefect_emitter() -> Callable[[Any], None]:
     return emit
 
 
+def ledger_metrics(config: SpikeopsConfig) -> Callable[[], tuple[bytes, str]]:
+    """``GET /metrics``: the ledger's incidents, costs and lineages (``spikeops.ledger.metrics``)."""
+    from spikeops.ledger.metrics import LedgerCollector, exposition
+
+    collector = LedgerCollector(config.ledger_url)
+    return lambda: exposition(collector)
+
+
 def serve_receiver(config: SpikeopsConfig, addr: str | None = None) -> None:
     """The receiver alone (``spikeops serve --receiver-only``): each alert starts its
     cluster's deployment, ``incident-response/CLUSTER``, which that cluster's workers run
@@ -72,7 +80,8 @@ def serve_receiver(config: SpikeopsConfig, addr: str | None = None) -> None:
         raise ValueError(f"no deployment {', '.join(missing)} on the Prefect server: deploy the clusters' "
                          "work pools first (infra/prefect/up, or python -m spikeops.deployments.topology deploy)")
     ensure_incident_limit(config)
-    app = create_app(prefect_starter(config, CLUSTER_DEPLOYMENT), receiver, emit=prefect_emitter())
+    app = create_app(prefect_starter(config, CLUSTER_DEPLOYMENT), receiver, emit=prefect_emitter(),
+                     metrics=ledger_metrics(config))
     uvicorn.Server(uvicorn.Config(app, host=host, port=int(port), log_level="warning")).run()
 
 
@@ -109,7 +118,7 @@ def serve(config: SpikeopsConfig, addr: str | None = None, *, warm_start: bool =
         warm_start = warm.enable()
         if not warm_start:
             print("spikeops serve: this Prefect or platform has no forkserver hook; runs start cold", flush=True)
-    app = create_app(prefect_starter(config), receiver, emit=prefect_emitter())
+    app = create_app(prefect_starter(config), receiver, emit=prefect_emitter(), metrics=ledger_metrics(config))
     server = uvicorn.Server(server_config(app, host, int(port)))
     freeze_heap()  # the heap of everything imported so far, out of a storm's collections
     threading.Thread(target=server.run, name="spikeops-receiver", daemon=True).start()

@@ -7,7 +7,10 @@ Starts, in DIR:
   (``spikeops.deployments.pools``: ``incident-response/CLUSTER``, the cluster fixed);
 - ``--workers N`` Prefect workers per pool, each with ``SPIKEOPS_CONFIG`` in its environment
   (the flow runs they start read the configuration there);
-and prints ``export PREFECT_API_URL=...`` on stdout (progress goes to stderr, so
+- spikeops' ledger in the same PostgreSQL: the database ``spikeops`` of a role of its own, whose
+  password only ``DIR/ledger-pgpass`` holds; the workers get ``SPIKEOPS_LEDGER_URL`` (no
+  password in it) and ``PGPASSFILE`` (a path), never the password itself;
+and prints ``export PREFECT_API_URL=...`` (and the ledger's two variables) on stdout (progress goes to stderr, so
 ``eval "$(infra/prefect/up DIR --config spikeops.toml)"`` works). Then ``spikeops serve
 --receiver-only`` routes each alert to its cluster's deployment. ``infra/prefect/down DIR``
 stops all of it, by pid, and nothing else; ``python -m spikeops.deployments.topology status DIR``
@@ -22,6 +25,7 @@ Layout of DIR (written by ``up``)::
 
     topology.json    what runs: ports, pids, pools, deployments (no secret)
     pgpass           the database password, mode 0600, libpq's format
+    ledger-pgpass    the ledger role's password, the same way
     postgres/data    PostgreSQL's files (the postgres user's, when run as root)
     prefect-home/    PREFECT_HOME of the server and the workers
     log/             postgres.log  prefect-server.log  worker-CLUSTER-N.log
@@ -54,7 +58,7 @@ __all__ = ["Topology", "TopologyError", "up", "down", "status", "deploy", "main"
 FORMAT = "spikeops-prefect-topology/1"
 #: Every process started for DIR carries ``MARKER=DIR`` in its environment: ``down`` finds them by it.
 MARKER = "SPIKEOPS_TOPOLOGY"
-_ENTRIES = ("topology.json", "pgpass", "postgres", "prefect-home", "log")
+_ENTRIES = ("topology.json", "pgpass", "ledger-pgpass", "postgres", "prefect-home", "log")
 #: The server's database settings. Prefect's defaults (a 5 s connect timeout, a pool of 5 that
 #: opens and closes overflow connections in every burst) gave 500s when a burst of incidents
 #: met a loaded 2-core machine: a new PostgreSQL connection (a forked backend, SCRAM) took
@@ -84,6 +88,9 @@ class Topology:
     pools: dict[str, list[str]] = field(default_factory=dict)  # pool -> its deployments
     started: str = ""
     format: str = FORMAT
+    #: The ledger's URL (no password: ``ledger_passfile`` holds it).
+    ledger_url: str | None = None
+    ledger_passfile: str | None = None
 
 
 def _say(text: str) -> None:
@@ -220,11 +227,14 @@ def _start(root: Path, config_file: Path, config: Any, marker: dict[str, str], *
     server_db = postgres.init(root / "postgres")
     postgres.start(server_db, root / "log" / "postgres.log", marker)
     _say(f"[{time.monotonic() - t0:5.1f}s] postgres: {server_db.display_url} (data in {server_db.data})")
+    ledger_url = postgres.create_ledger(server_db, root / "ledger-pgpass")
+    _say(f"[{time.monotonic() - t0:5.1f}s] ledger: {ledger_url} (its password in {root / 'ledger-pgpass'})")
     port = port or postgres.free_port()
     api = f"http://127.0.0.1:{port}/api"
     topology = Topology(directory=str(root), config=str(config_file), api_url=api,
                         ui_url=f"http://127.0.0.1:{port}" if ui else None, postgres_port=server_db.port,
-                        postgres_data=str(server_db.data))
+                        postgres_data=str(server_db.data), ledger_url=ledger_url,
+                        ledger_passfile=str(root / "ledger-pgpass"))
     _save(root, topology)
     base = {k: v for k, v in (env if env is not None else os.environ).items()
             if not k.startswith(("PREFECT_API_DATABASE", "PREFECT_SERVER_DATABASE"))}
@@ -247,7 +257,8 @@ def _start(root: Path, config_file: Path, config: Any, marker: dict[str, str], *
     for pool, names in topology.pools.items():
         _say(f"[{time.monotonic() - t0:5.1f}s] work pool {pool}: {', '.join(names)}")
     worker_env = {**base, "PREFECT_API_URL": api, "SPIKEOPS_CONFIG": str(config_file),
-                  "PREFECT_WORKER_QUERY_SECONDS": f"{poll_s:g}", "PREFECT_WORKER_PREFETCH_SECONDS": "5"}
+                  "PREFECT_WORKER_QUERY_SECONDS": f"{poll_s:g}", "PREFECT_WORKER_PREFETCH_SECONDS": "5",
+                  "SPIKEOPS_LEDGER_URL": ledger_url, "PGPASSFILE": str(root / "ledger-pgpass")}
     for pool in topology.pools:
         for index in range(1, workers + 1):
             name = f"{pool.removeprefix('spikeops-')}-{index}"
@@ -313,7 +324,7 @@ def status(directory: str | Path) -> dict[str, Any]:
         "postgres": {"port": topology.postgres_port, "running": postgres.running(Path(topology.postgres_data))},
         "server": {"pid": topology.server_pid, "running": bool(topology.server_pid and pid_alive(topology.server_pid))},
         "workers": {name: pid_alive(pid) for name, pid in topology.workers.items()},
-        "pools": topology.pools, "processes": len(_processes(root)),
+        "pools": topology.pools, "processes": len(_processes(root)), "ledger": topology.ledger_url,
     }
 
 
@@ -353,6 +364,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             _say(f"stop it all with: infra/prefect/down {topology.directory}")
             _say("route alerts with: spikeops serve --receiver-only --config " + topology.config)
             print(f"export PREFECT_API_URL={topology.api_url}", flush=True)
+            if topology.ledger_url:  # the receiver's /metrics and `spikeops incidents` read the same ledger
+                print(f"export SPIKEOPS_LEDGER_URL={topology.ledger_url}", flush=True)
+                print(f"export PGPASSFILE={topology.ledger_passfile}", flush=True)
         elif args.action == "down":
             count = down(args.directory)
             _say(f"stopped {count} process(es) of {Path(args.directory).resolve()}")

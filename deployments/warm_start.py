@@ -34,7 +34,9 @@ __all__ = ["PRELOAD", "enable", "enabled"]
 #: classify paid inside every incident, while the nodes were answering on the same cores).
 PRELOAD = ("prefect.flow_engine", "spikeops.flows.incident_response", "spikeops.flows.baselines", "spikeops.diagnosis",
            "spikeops.diagnosis.engine", "spikeops.collect.collector", "spikeops.schedulers", "spikeops.notify",
-           "spikeops.notify.report", "spikeops.notify.plot", "spikeops.replay", "spikeops.response")
+           "spikeops.notify.report", "spikeops.notify.plot", "spikeops.replay", "spikeops.response",
+           # the ledger is read before preflight: SQLAlchemy and Alembic are most of a second
+           "spikeops.ledger.store", "alembic.command")
 
 class _ForkserverModule(types.ModuleType):
     """``multiprocessing`` as ``prefect.flow_engine`` sees it: the same module, except that the

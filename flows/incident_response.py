@@ -35,6 +35,7 @@ from spikeops.tasks.collect import finish_incident_collection, start_incident_co
 from spikeops.tasks.concurrency import IncidentSlots
 from spikeops.tasks.diagnose import diagnose_incident, summary_line
 from spikeops.tasks.incident import open_incident
+from spikeops.tasks.ledger import IncidentMemory, Lineage, find_lineage
 from spikeops.tasks.notify import tell_failure, tell_outcome, write_report_artifact
 from spikeops.tasks.preflight import incident_settings, preflight
 from spikeops.tasks.protect import protect_run
@@ -90,18 +91,21 @@ def incident_response(
     overrides: Annotated[IncidentOverrides | None, Field(title="Overrides (optional)")] = None,
 ) -> dict[str, Any]:
     """One incident, end to end; returns what was found and done."""
-    settings = incident_settings(job_id, cluster, (overrides or IncidentOverrides()).model_dump())
+    given = (overrides or IncidentOverrides()).model_dump()
+    settings = incident_settings(job_id, cluster, given)
     if settings.incident_id is None:
         settings = replace(settings, incident_id=incident_id_for(job_id, current_run()))
     label_run(job_id, cluster=settings.cluster)
+    # the lineage: a job spikeops resumed trains in its parent's checkpoint root and run directory
+    settings, lineage = find_lineage(settings, given)
     bundle = Path(settings.incidents_dir).expanduser() / settings.incident_id
     preflight(settings, rerun=(bundle / "incident.json").is_file())
     with IncidentSlots(job_id, settings.max_concurrent, settings.approval_timeout_s + 3600,
                        cluster=settings.cluster) as slots:
-        return _respond(settings, slots, get_run_logger())
+        return _respond(settings, slots, get_run_logger(), lineage)
 
 
-def _respond(settings: IncidentSettings, slots: IncidentSlots, logger: Any) -> dict[str, Any]:
+def _respond(settings: IncidentSettings, slots: IncidentSlots, logger: Any, lineage: Lineage) -> dict[str, Any]:
     from spikeops.notify import SlackNotifier
 
     skip, job = set(settings.skip), settings.job_id
@@ -112,6 +116,9 @@ def _respond(settings: IncidentSettings, slots: IncidentSlots, logger: Any) -> d
                                      settings.incident_id, settings.alert)
     key = incident.lower()
     notifier = None if "notify" in skip else SlackNotifier(bundle, channel=settings.slack_channel)
+    # remember: the lineage's earlier incidents into history.json, this one into the ledger
+    memory = IncidentMemory(settings, lineage, incident, bundle, notifier=notifier, logger=logger, links=links)
+    memory.opened()
     incident_doc = json.loads((Path(bundle) / "incident.json").read_text())
     # classify (a tenth of a second of CPU: done before the collection's threads compete for it)
     symptom = classify_symptom(bundle)
@@ -154,7 +161,8 @@ def _respond(settings: IncidentSettings, slots: IncidentSlots, logger: Any) -> d
         return ask_approval(
             gate, timeout_s=settings.approval_timeout_s, bundle=bundle, job_id=job, incident=incident,
             description=approval_markdown(gate.question, question_diagnosis, remediation=plan.describe(),
-                                          for_a_person=plan.for_a_person, timeout_s=settings.approval_timeout_s),
+                                          for_a_person=plan.for_a_person, timeout_s=settings.approval_timeout_s)
+            + memory.approval_note(),
             notifier=notifier, logger=logger, slots=slots, links=links)
 
     # replay: a spike with no conclusive hardware cause is re-run on its nodes and on others
@@ -171,9 +179,11 @@ def _respond(settings: IncidentSettings, slots: IncidentSlots, logger: Any) -> d
         label_run(job, (diagnosis.get("primary") or {}).get("cause"), cluster=settings.cluster)
         plan = resume_plan(diagnosis.get("actions") or [], diagnosis.get("findings") or [])
         outcome["remediation"] = {"env": plan.env, "applied": plan.applied, "for_a_person": plan.for_a_person}
-    # decide
+    memory.diagnosed(diagnosis)  # a suspect checkpoint quarantined, a conviction in doubt said
+    # decide: the policy, then the restart budget and "never the same checkpoint with the same plan"
     gate = approval_gate(settings.approval, diagnosis, stopped=stopped, can_isolate="isolate" not in skip,
                          can_resume="resume" not in skip, remediation=plan.describe())
+    gate = memory.gate(gate, diagnosis, plan.env, stopped=stopped, can_resume="resume" not in skip)
     if gate.ask:  # the approver reads the report while the run waits
         write_report_artifact(bundle, diagnosis, incident_doc, key=f"report-{key}"[:100])
     approved, why = ask(gate, diagnosis)
@@ -193,6 +203,7 @@ def _respond(settings: IncidentSettings, slots: IncidentSlots, logger: Any) -> d
             outcome[field] = done[field]
     # tell
     outcome["summary"] = outcome_summary(outcome.get("resumed"), stopped=stopped)
+    outcome["lost"] = memory.close(outcome, stopped=stopped)  # its cost, its ledger entry
     tell_outcome(bundle, notifier, diagnosis, incident_doc, summary=outcome["summary"],
                  resumed=(outcome.get("resumed") or {}).get("outcome") in ("done", "nothing-to-do"),
                  recommended=plan.applied + plan.for_a_person, artifact_key=f"report-{key}"[:100], links=links)

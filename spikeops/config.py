@@ -16,8 +16,8 @@ addr = "127.0.0.1:8787"
 [clusters.sim]
 inventory = "/etc/spikeops/sim.toml"
 scheduler = "slurm"                 # or "local" (+ scheduler_state_dir)
-run_dir = "/shared/runs/{job}"      # where the job's spikeops.train files are
-checkpoint_root = "/ckpt/{job}"
+run_dir = "/shared/runs/{job}"      # where the job's spikeops.train files are ({lineage}: the
+checkpoint_root = "/ckpt/{job}"     # lineage's first job; a job spikeops resumed keeps its parent's paths)
 slack_channel = "#incidents"
 approval = "always"                 # always | auto-hardware | never
 approval_timeout_s = 3600           # how long a person has to answer; silence is a no
@@ -31,6 +31,12 @@ control_command = ["/opt/bin/healthy-run", "--short"]  # the seed's control run 
 control_timeout_s = 600
 collect_runner = "threads"          # or "dask": the collection shards run on a Dask cluster...
 dask_scheduler = "tcp://10.1.0.5:8786"   # ... this one, near the nodes (docs/scaleout.md)
+max_auto_resumes = 2                # resumes of one job lineage without a person...
+recurrence_window = "24h"           # ... within this window (s, m, h or d); past it a person decides
+oncall = "<!subteam^S0123ABC>"      # who Slack mentions when an incident waits for a person
+
+[ledger]                            # the index across incidents (docs/ledger.md)
+url = "postgresql://spikeops@db.example/spikeops"   # default: SQLite under $XDG_STATE_HOME/spikeops
 
 [watch]                             # spikeops watch thresholds (docs/watch.md)
 
@@ -56,7 +62,8 @@ from spikeops.errors import InputError
 __all__ = ["ClusterConfig", "SpikeopsConfig", "IncidentSettings", "load_config", "check_config", "resolve_incident",
            "DEFAULT_RECEIVER_ADDR", "DEFAULT_INCIDENTS_DIR", "DEFAULT_MAX_CONCURRENT", "JOB_ID", "CLUSTER_NAME",
            "SCHEDULERS", "APPROVALS", "SKIPPABLE", "REPLAYS", "COLLECT_RUNNERS",
-           "DASK_ADDRESS", "DEFAULT_PREFECT_PORT", "DEFAULT_PREFECT_HOME"]
+           "DASK_ADDRESS", "DEFAULT_PREFECT_PORT", "DEFAULT_PREFECT_HOME", "DEFAULT_MAX_AUTO_RESUMES",
+           "DEFAULT_RECURRENCE_WINDOW", "parse_duration"]
 
 DEFAULT_RECEIVER_ADDR = "127.0.0.1:8787"
 DEFAULT_INCIDENTS_DIR = "~/.local/state/spikeops/incidents"
@@ -77,6 +84,22 @@ DASK_ADDRESS = re.compile(r"^(tcp|tls)://[A-Za-z0-9_.:\[\]-]+:\d{1,5}$")
 JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:+-]{0,127}$")
 #: What a cluster name may be.
 CLUSTER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+#: The restart budget (docs/ledger.md): resumes of one job lineage spikeops makes without a
+#: person, within the recurrence window; past it nothing is resumed without a person.
+DEFAULT_MAX_AUTO_RESUMES = 2
+DEFAULT_RECURRENCE_WINDOW = "24h"
+_DURATION = re.compile(r"^(\d{1,7})\s*(s|m|h|d)$")
+
+
+def parse_duration(value: Any) -> int:
+    """Seconds of ``"24h"``, ``"90m"``, ``"2d"``, ``"600s"`` (or a whole number of seconds);
+    ValueError otherwise."""
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return value
+    match = _DURATION.match(value.strip()) if isinstance(value, str) else None
+    if match is None or int(match.group(1)) <= 0:
+        raise ValueError(f"a duration such as 24h, 90m, 2d or 600s, not {value!r}")
+    return int(match.group(1)) * {"s": 1, "m": 60, "h": 3600, "d": 86400}[match.group(2)]
 
 
 @dataclass(frozen=True)
@@ -106,6 +129,11 @@ class ClusterConfig:
     collect_runner: str = "threads"
     #: The Dask scheduler the shards go to with ``collect_runner = "dask"``.
     dask_scheduler: str | None = None
+    #: The restart budget: resumes of one lineage without a person within ``recurrence_window``.
+    max_auto_resumes: int = DEFAULT_MAX_AUTO_RESUMES
+    recurrence_window: str = DEFAULT_RECURRENCE_WINDOW
+    #: Mentioned in Slack when an incident waits for a person (``<@U…>``, ``<!subteam^S…>``, ``@name``).
+    oncall: str | None = None
 
 
 @dataclass(frozen=True)
@@ -121,10 +149,15 @@ class SpikeopsConfig:
     #: The local Prefect server ``spikeops serve`` starts when ``PREFECT_API_URL`` is not set.
     prefect_port: int = DEFAULT_PREFECT_PORT
     prefect_home: str = DEFAULT_PREFECT_HOME
+    #: ``[ledger] url``: the ledger's SQLAlchemy URL (None: ``$SPIKEOPS_LEDGER_URL`` or the
+    #: default SQLite file; ``spikeops.ledger.ledger_url``). May hold a password: never print it.
+    ledger_url: str | None = None
 
-    def flow_parameters(self, job: str, cluster: str | None) -> dict[str, Any]:
+    def flow_parameters(self, job: str, cluster: str | None, lineage: str | None = None) -> dict[str, Any]:
         """The incident flow's parameters for a job on a configured cluster; InputError when
-        the cluster is not configured (or is ambiguous) or the job id is not one."""
+        the cluster is not configured (or is ambiguous) or the job id is not one. ``{job}`` in
+        a path is the job id, ``{lineage}`` its lineage's first job (``lineage``, default the
+        job itself: the flow knows it from the ledger)."""
         if not JOB_ID.match(job or ""):
             raise InputError(f"bad job id {job!r}")
         if cluster is None:
@@ -134,7 +167,10 @@ class SpikeopsConfig:
         chosen = self.clusters.get(cluster)
         if chosen is None:
             raise InputError(f"cluster {cluster!r} is not configured")
-        fill = lambda text: text.replace("{job}", job) if text else text  # noqa: E731 - job id already checked
+        if lineage is not None and not JOB_ID.match(lineage):
+            raise InputError(f"bad lineage {lineage!r}")
+        root = lineage or job  # ids already checked: nothing but [A-Za-z0-9_.:+-]
+        fill = lambda text: text.replace("{job}", job).replace("{lineage}", root) if text else text  # noqa: E731
         params: dict[str, Any] = {
             "job_id": job, "inventory": chosen.inventory, "run_dir": fill(chosen.run_dir),
             "checkpoint_root": fill(chosen.checkpoint_root), "incidents_dir": self.incidents_dir,
@@ -144,6 +180,8 @@ class SpikeopsConfig:
             "replay_steps": chosen.replay_steps, "replay_timeout_s": chosen.replay_timeout_s, "observe_steps": chosen.observe_steps, "observe_timeout_s": chosen.observe_timeout_s,
             "baseline_dir": chosen.baseline_dir,
             "dask_scheduler": chosen.dask_scheduler if chosen.collect_runner == "dask" else None,
+            "max_auto_resumes": chosen.max_auto_resumes,
+            "recurrence_window_s": parse_duration(chosen.recurrence_window), "oncall": chosen.oncall,
         }
         return {k: v for k, v in params.items() if v is not None}
 
@@ -152,9 +190,9 @@ _CLUSTER_KEYS = set(ClusterConfig.__dataclass_fields__) - {"name"}
 #: Integer keys of a cluster and their bounds (inclusive).
 _INT_BOUNDS = {"approval_timeout_s": (1, 7 * 86400), "observe_steps": (0, 10_000),
                "observe_timeout_s": (0, 86_400), "control_timeout_s": (1, 86_400),
-               "replay_steps": (1, 1_000_000), "replay_timeout_s": (10, 7 * 86400)}
+               "replay_steps": (1, 1_000_000), "replay_timeout_s": (10, 7 * 86400), "max_auto_resumes": (0, 100)}
 _STR_KEYS = ("inventory", "run_dir", "scheduler_state_dir", "checkpoint_root", "slack_channel", "baseline_dir",
-             "dask_scheduler")
+             "dask_scheduler", "oncall")
 
 
 def _cluster(target: Path, name: str, table: Any) -> ClusterConfig:
@@ -195,6 +233,14 @@ def _cluster(target: Path, name: str, table: Any) -> ClusterConfig:
         raise InputError(f"{where} dask_scheduler must be a Dask scheduler address (tcp://HOST:PORT), not {address!r}")
     if runner == "dask" and address is None:
         raise InputError(f"{where} collect_runner = \"dask\" needs dask_scheduler (tcp://HOST:PORT)")
+    if "recurrence_window" in table:
+        try:
+            parse_duration(table["recurrence_window"])
+        except ValueError as exc:
+            raise InputError(f"{where} recurrence_window must be {exc}") from None
+    oncall = table.get("oncall")
+    if oncall is not None and (len(oncall) > 200 or any(c in oncall for c in "\r\n")):
+        raise InputError(f"{where} oncall must be one line of at most 200 characters (a Slack mention)")
     return ClusterConfig(name=name, **table)
 
 
@@ -211,8 +257,8 @@ def load_config(path: str | Path | None = None) -> SpikeopsConfig:
         document = tomllib.loads(target.read_text())
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise InputError(f"{target}: not valid TOML ({exc})") from None
-    unknown = set(document) - {"incidents", "receiver", "clusters", "watch", "prefect"}
-    for section in ("incidents", "receiver", "clusters", "watch", "prefect"):
+    unknown = set(document) - {"incidents", "receiver", "clusters", "watch", "prefect", "ledger"}
+    for section in ("incidents", "receiver", "clusters", "watch", "prefect", "ledger"):
         if section in document and not isinstance(document[section], dict):
             raise InputError(f"{target}: [{section}] must be a table")
     if unknown:
@@ -243,6 +289,13 @@ def load_config(path: str | Path | None = None) -> SpikeopsConfig:
     prefect_home = prefect.get("home", DEFAULT_PREFECT_HOME)
     if not isinstance(prefect_home, str) or not prefect_home.strip():
         raise InputError(f"{target}: [prefect] home must be a non-empty string")
+    ledger = document.get("ledger") or {}
+    extra = set(ledger) - {"url"}
+    if extra:
+        raise InputError(f"{target}: [ledger] unknown key {sorted(extra)[0]!r}")
+    ledger_url = ledger.get("url")
+    if ledger_url is not None and (not isinstance(ledger_url, str) or "://" not in ledger_url):
+        raise InputError(f"{target}: [ledger] url must be an SQLAlchemy URL (sqlite:///PATH, postgresql://...)")
     clusters = {name: _cluster(target, name, table) for name, table in (document.get("clusters") or {}).items()}
     return SpikeopsConfig(
         target,
@@ -253,6 +306,7 @@ def load_config(path: str | Path | None = None) -> SpikeopsConfig:
         watch=dict(document.get("watch") or {}),
         prefect_port=prefect_port,
         prefect_home=prefect_home,
+        ledger_url=ledger_url,
     )
 
 
@@ -312,21 +366,27 @@ class IncidentSettings:
     replay_timeout_s: int = 1800
     #: The Dask scheduler the collection shards go to; None: the flow's own threads.
     dask_scheduler: str | None = None
+    #: The restart budget (resumes of the job's lineage without a person, in the window).
+    max_auto_resumes: int = DEFAULT_MAX_AUTO_RESUMES
+    recurrence_window_s: int = 86400
+    #: Mentioned in Slack when the incident waits for a person.
+    oncall: str | None = None
 
 
 _SETTINGS = set(IncidentSettings.__dataclass_fields__)
 
 
 def resolve_incident(config: SpikeopsConfig, job_id: str, cluster: str | None,
-                     overrides: Mapping[str, Any]) -> IncidentSettings:
+                     overrides: Mapping[str, Any], lineage: str | None = None) -> IncidentSettings:
     """The settings of one incident. A named cluster must be configured; with no cluster, the
     only configured one is taken when the run does not give the inventory and run directory
-    itself. InputError (one line) when something needed is missing or invalid."""
+    itself. ``lineage``: the job's lineage (``{lineage}`` in a path). InputError (one line)
+    when something needed is missing or invalid."""
     given = {k: v for k, v in overrides.items() if v is not None and k in _SETTINGS}
     base: dict[str, Any] = {"incidents_dir": config.incidents_dir, "max_concurrent": config.max_concurrent}
     self_contained = cluster is None and given.get("inventory") and given.get("run_dir")
     if cluster is not None or (not self_contained and config.clusters):
-        base.update(config.flow_parameters(job_id, cluster))
+        base.update(config.flow_parameters(job_id, cluster, lineage))
         base["cluster"] = cluster or next(iter(config.clusters))
     merged = {**base, **given, "job_id": job_id}
     for required in ("inventory", "run_dir"):

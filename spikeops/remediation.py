@@ -52,6 +52,9 @@ _FOR_A_PERSON = {
     "quarantine_checkpoint": "find out what wrote the checkpoint that failed its checksums ({path}); "
                              "the flow marks it quarantined",
 }
+#: ... and for a checkpoint that verifies but gave the same anomaly after every resume from it.
+_POISONED = ("find out why the run fails again after every load of {path} (it verifies: its state, not its files, "
+             "is suspect); the flow marks it quarantined")
 
 
 @dataclass
@@ -152,6 +155,8 @@ def resume_plan(actions: Iterable[Mapping[str, Any]], findings: Iterable[Mapping
             except ValueError:
                 plan.env["NCCL_DEBUG"] = "INFO"
             plan.applied.append("NCCL_DEBUG=INFO")
+        elif kind == "quarantine_checkpoint" and action.get("reason") == "poisoned":
+            plan.for_a_person.append(_fill(_POISONED, action))
         elif kind in _FOR_A_PERSON:
             plan.for_a_person.append(_fill(_FOR_A_PERSON[kind], action))
     check_env(plan.env)

@@ -6,7 +6,7 @@ it; keeping it here means a cause the spec adds is added for both, and neither c
 
 from __future__ import annotations
 
-__all__ = ["LAYER_OF", "LAYERS", "SYMPTOMS"]
+__all__ = ["LAYER_OF", "HISTORY_CAUSES", "LAYERS", "SYMPTOMS"]
 
 #: Every cause of the spec's table, in the table's order, with its layer.
 LAYER_OF: dict[str, str] = {
@@ -26,6 +26,11 @@ LAYER_OF: dict[str, str] = {
     "thermal_throttle": "hardware",
     "corrupted_checkpoint": "checkpoint",
     "false_alarm": "none",
+}
+#: Causes that only a lineage's earlier incidents show (``history.json``): a single incident,
+#: which is all the simulator plants, cannot hold them, so they stand apart from ``LAYER_OF``.
+HISTORY_CAUSES: dict[str, str] = {
+    "poisoned_checkpoint": "checkpoint",
 }
 #: Investigation order (the seed's framework), then checkpoint integrity and "none".
 LAYERS: tuple[str, ...] = ("data", "numeric", "communication", "hardware", "checkpoint", "none")

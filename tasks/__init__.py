@@ -13,6 +13,7 @@
 | tell the team | ``notify`` |
 | start an incident for an alert or an anomaly | ``start`` |
 | one incident per job | ``concurrency`` |
+| memory across incidents: lineage, history, restart budget, cost | ``ledger`` |
 
 Tasks do the I/O (SSH, scheduler commands, Slack) and carry the retries; parsing, judging and
 deciding stay in the core (``spikeops.diagnosis``, ``spikeops.response``) so both can be

@@ -91,6 +91,14 @@ def golden(request: pytest.FixtureRequest):
     return check
 
 
+@pytest.fixture(autouse=True)
+def own_ledger(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every test gets a ledger of its own (every incident flow writes one; docs/ledger.md):
+    never the user's ~/.local/state/spikeops/ledger.db, never another test's lineages and
+    restart budgets."""
+    monkeypatch.setenv("SPIKEOPS_LEDGER_URL", f"sqlite:///{tmp_path_factory.mktemp('ledger') / 'ledger.db'}")
+
+
 @pytest.fixture(scope="session")
 def prefect_server():
     """One temporary Prefect server (SQLite in a temp dir) for every test that runs a flow:

@@ -87,6 +87,15 @@ class World:
         path = self.tmp / "runs.txt"
         return path.read_text().splitlines() if path.is_file() else []
 
+    def give_back(self) -> None:
+        """The cluster as found: our drains released, every job cancelled."""
+        drained = [node.name for node in self.scheduler.drained()]
+        if drained:
+            self.scheduler.release(drained)
+        live = self.run("squeue", "-h", "-o", "%i").split()
+        if live:
+            self.run("scancel", *live)
+
     def params(self, incident_id: str, **overrides: Any):
         from tests.test_incident_flow import flow_params
 
@@ -145,13 +154,8 @@ def world(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.Mo
         _checkpoints(tmp_path / "ckpt", cluster.scenario_bundle)
         try:
             yield world
-        finally:  # give the cluster back as found: our drains released, every job cancelled
-            drained = [node.name for node in scheduler.drained()]
-            if drained:
-                scheduler.release(drained)
-            live = world.run("squeue", "-h", "-o", "%i").split()
-            if live:
-                world.run("scancel", *live)
+        finally:
+            world.give_back()
 
 
 def _paused_run(incident_id: str, runner: threading.Thread) -> Any:

@@ -89,6 +89,27 @@ def test_the_wheel_installs_only_spikeops_at_the_top_level(installed: Path) -> N
     assert done.returncode == 0 and "importable" not in done.stdout, (done.stdout, done.stderr[-2000:])
 
 
+def test_the_installed_ledger_migrates_from_the_package(installed: Path, tmp_path: Path) -> None:
+    """The Alembic migrations ship inside the wheel: the ledger is created and migrated from a
+    directory that is not the checkout, and imports a bundle."""
+    from spikeops.sim import build_bundle
+
+    bundle = tmp_path / "incidents" / "inc-installed"
+    build_bundle(bundle, "gpu_xid", seed=1, nodes=4, distractors=False)
+    env = _user_env(SPIKEOPS_LEDGER_URL=f"sqlite:///{tmp_path / 'state' / 'ledger.db'}")
+    commands = (["ledger", "upgrade"], ["ledger", "import", str(tmp_path / "incidents")],
+                ["incidents", "list", "--json", "--since", "all"])
+    outputs = []
+    for argv in commands:
+        done = subprocess.run([str(installed / "spikeops"), *argv], capture_output=True, text=True, cwd="/", env=env,
+                              timeout=120)
+        assert done.returncode == 0, (argv, done.stdout, done.stderr[-2000:])
+        outputs.append(done.stdout)
+    assert "schema 0001" in outputs[0] and "1 incident(s) imported" in outputs[1]
+    assert [i["job_id"] for i in json.loads(outputs[2])] == [json.loads((bundle / "incident.json").read_text())
+                                                           ["job"]["id"]]
+
+
 def _run_state(api: str, run_id: str, seconds: float) -> str:
     state, deadline = None, time.monotonic() + seconds
     while time.monotonic() < deadline:

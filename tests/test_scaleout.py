@@ -57,17 +57,23 @@ def test_three_jobs_on_two_clusters_on_postgres_and_workers(tmp_path: Path) -> N
                                       str(sims.config), "--no-ui"], env=env, capture_output=True, text=True,
                                      timeout=420, check=False)
             assert started.returncode == 0, started.stderr[-3000:]
-            exported = started.stdout.strip().splitlines()
-            assert len(exported) == 1 and exported[0].startswith("export PREFECT_API_URL=http://127.0.0.1:")
-            api = exported[0].partition("=")[2]
+            exported = dict(line.removeprefix("export ").split("=", 1) for line in started.stdout.strip().splitlines())
+            assert set(exported) == {"PREFECT_API_URL", "SPIKEOPS_LEDGER_URL", "PGPASSFILE"}, exported
+            api = exported["PREFECT_API_URL"]
+            assert api.startswith("http://127.0.0.1:")
+            assert exported["SPIKEOPS_LEDGER_URL"].startswith("postgresql://spikeops_ledger@127.0.0.1:")
             state = json.loads((topo / "topology.json").read_text())
             assert set(state["pools"]) == {"spikeops-east", "spikeops-west"} and len(state["workers"]) == 2
             # the database password: in pgpass (0600) and the server's environment, nowhere else
             assert oct((topo / "pgpass").stat().st_mode & 0o777) == "0o600"
             password = (topo / "pgpass").read_text().strip().rsplit(":", 1)[1]
             assert password not in started.stdout + started.stderr + json.dumps(state)
+            ledger_password = (topo / "ledger-pgpass").read_text().strip().rsplit(":", 1)[1]
+            assert oct((topo / "ledger-pgpass").stat().st_mode & 0o777) == "0o600"
             for pid in state["workers"].values():
-                assert password.encode() not in Path(f"/proc/{pid}/environ").read_bytes()
+                environ = Path(f"/proc/{pid}/environ").read_bytes()
+                assert password.encode() not in environ and ledger_password.encode() not in environ
+                assert f"SPIKEOPS_LEDGER_URL={exported['SPIKEOPS_LEDGER_URL']}".encode() in environ
 
             env["PREFECT_API_URL"] = api
             receiver = subprocess.Popen([str(BIN / "spikeops"), "serve", "--receiver-only", "--config",
@@ -163,6 +169,15 @@ def test_three_jobs_on_two_clusters_on_postgres_and_workers(tmp_path: Path) -> N
                                   env={"PGPASSFILE": str(topo / "pgpass"), "PATH": "/usr/bin:/bin"},
                                   capture_output=True, text=True, timeout=30, check=False)
             assert rows.stdout.strip() == "4", rows.stderr
+            # and the workers wrote the incidents into the ledger's database beside it
+            from spikeops.ledger.store import Ledger
+
+            with pytest.MonkeyPatch.context() as patch:
+                patch.setenv("PGPASSFILE", exported["PGPASSFILE"])
+                with Ledger(exported["SPIKEOPS_LEDGER_URL"]) as ledger:
+                    recorded = {row["incident_id"]: row for row in ledger.incidents()}
+            assert set(incidents.values()) <= set(recorded), sorted(recorded)
+            assert {recorded[incidents[fp]]["cluster"] for fp in ("fa", "fb", "fc")} == {"east", "west"}
         finally:
             if receiver is not None:
                 _stop(receiver)

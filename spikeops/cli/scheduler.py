@@ -52,6 +52,10 @@ def _report_actions(results: list[Any], out: TextIO, as_json: bool) -> int:
 def _cmd_nodes(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from spikeops.inventory import expand_nodes
 
+    if args.action == "history":  # the ledger's record, not the scheduler's
+        from spikeops.ledger.cli import run_nodes_history
+
+        return run_nodes_history(args, out, err)
     scheduler = _scheduler(args)
     if args.action == "list":
         drained = scheduler.drained()
@@ -130,6 +134,9 @@ def add_nodes(commands: Any) -> None:
                                       "drained only. " + SAFETY)
     release.add_argument("nodes", nargs="+", metavar="NODE", help="node names or node sets")
     node_actions.add_parser("list", parents=[common], help="the nodes spikeops has drained, with reasons")
+    from spikeops.ledger.cli import add_history_parser  # its parser only: the ledger loads when it runs
+
+    add_history_parser(node_actions)
     nodes.set_defaults(handler=_cmd_nodes)
 
 

@@ -23,7 +23,7 @@ ACTION_KINDS = (
     "stop_job", "preserve_state", "observe", "isolate_nodes", "skip_batches", "filter_data", "fix_rng_restore",
     "check_dataloader", "clip_grad", "detect_anomaly", "lr_test", "check_loss_scale", "enable_nccl_debug",
     "check_fabric", "align_nccl_version", "quarantine_checkpoint", "check_cooling", "collect_evidence", "resume",
-    "notify",
+    "notify", "doubt_conviction",
 )
 
 #: Causes precise enough to act on at once, even for a spike that recovered.

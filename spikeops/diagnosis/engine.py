@@ -36,7 +36,7 @@ from pathlib import Path
 from collections.abc import Callable
 from typing import Any
 
-from spikeops.diagnosis import checkpoint, communication, data, hardware, numeric, replay
+from spikeops.diagnosis import checkpoint, communication, data, hardware, history, numeric, replay
 from spikeops.diagnosis.actions import plan_actions
 from spikeops.diagnosis.context import Context, build_context
 from spikeops.diagnosis.evidence import BundleFacts, load_bundle, with_fresh_checkpoints
@@ -317,6 +317,7 @@ def diagnose_facts(facts: BundleFacts) -> Diagnosis:
     _weigh(findings)
     findings.sort(key=_order)
     replay.apply_replay(findings, ctx)  # what re-executing the spike window said
+    past = history.apply_history(findings, ctx)  # what the lineage's earlier incidents say
     findings.sort(key=_order)
 
     causal = [f for f in findings if not f.history and f.cause != "inconclusive"]
@@ -351,14 +352,17 @@ def diagnose_facts(facts: BundleFacts) -> Diagnosis:
 
     if primary.cause == "false_alarm" or (primary.cause == "inconclusive" and symptom.symptom not in DIRECTIONS):
         onset = None
-    elif primary.cause in ("rng_not_restored", "corrupted_checkpoint") and primary.onset_step is not None:
+    elif primary.cause in ("rng_not_restored", "corrupted_checkpoint", "poisoned_checkpoint") \
+            and primary.onset_step is not None:
         onset = primary.onset_step
     else:
         candidates = [symptom.onset_step, primary.onset_step] + [f.onset_step for f in convicting]
+        if past.poisoned is not None:  # a suspect checkpoint beside another cause: resume before it too
+            candidates.append(past.poisoned["step"])
         known = [step for step in candidates if step is not None]
         onset = min(known) if known else None
     unusable = checkpoint.printed_bad_paths(ctx)
-    resume_from = _resume_point(facts, onset, unusable)
+    resume_from = history.safe_resume(_resume_point(facts, onset, unusable), past, facts.checkpoints)
     corrupt = None
     if primary.cause == "corrupted_checkpoint":
         entry = checkpoint.resumed_checkpoint(ctx)
@@ -366,8 +370,11 @@ def diagnose_facts(facts: BundleFacts) -> Diagnosis:
             corrupt = {"step": entry.step, "path": entry.path}
         elif unusable:
             corrupt = {"step": None, "path": unusable[0]}
+    elif past.poisoned is not None and past.poisoned.get("path"):
+        corrupt = {"step": past.poisoned["step"], "path": past.poisoned["path"], "reason": "poisoned"}
     actions = plan_actions(symptom.symptom, primary, findings, culprit_nodes, resume_from, corrupt,
                            collect=_what_to_collect(ctx) if primary.cause == "inconclusive" else None)
+    actions = history.revise_actions(actions, past)
 
     ruled_out = _dedupe(ctx.ruled_out)
     missing = _dedupe(facts.missing + [f"step metrics: {why}" for why in symptom.unread] + ctx.missing)

@@ -34,6 +34,7 @@ import pandas as pd
 from spikeops.bundle import Bundle, open_bundle
 from spikeops.diagnosis.counters import IB_WATCHED, congestion_counter_high
 from spikeops.errors import InputError, UnrecognisedInput
+from spikeops.history import HISTORY_FILE, PastIncident, parse_history
 from spikeops.probes.bundle_files import (
     BatchRecord,
     Checkpoint,
@@ -50,6 +51,7 @@ from spikeops.timeparse import year_for
 
 __all__ = [
     "read_checkpoints",
+    "read_history",
     "with_fresh_checkpoints",
     "MetricsTable",
     "Replay",
@@ -874,6 +876,8 @@ class BundleFacts:
     #: Windows of the bundle's files already read (``context._window``), shared with the copy
     #: ``with_fresh_checkpoints`` makes: the files do not change between the two diagnoses.
     memo: dict[Any, Any] = field(default_factory=dict, repr=False, compare=False)
+    #: The lineage's earlier incidents (``history.json``; ``spikeops.history``), oldest first.
+    history: list[PastIncident] = field(default_factory=list)
 
     @property
     def path(self) -> Path:
@@ -929,4 +933,19 @@ def load_bundle(path: str | Path, *, workers: int | None = None) -> BundleFacts:
         output.append(read_job_output(train, "train.log", None, reference=incident_time(bundle.incident)))
         missing.extend(output[-1].notes)
     output.extend(item for facts in nodes for item in facts.output)
-    return BundleFacts(bundle, bundle.incident, metrics, nodes, checkpoints, missing, output)
+    history, gaps = read_history(bundle.path)
+    missing.extend(gaps)
+    return BundleFacts(bundle, bundle.incident, metrics, nodes, checkpoints, missing, output, history=history)
+
+
+def read_history(path: Path) -> tuple[list[PastIncident], list[str]]:
+    """The bundle's ``history.json`` (absent: no earlier incident known) and what could not be
+    read of it."""
+    target = path / HISTORY_FILE
+    if not target.is_file():
+        return [], []
+    try:
+        text = target.read_text(encoding="utf-8", errors="replace")
+    except OSError as exc:
+        return [], [f"{HISTORY_FILE}: unreadable ({exc.strerror or exc}); the lineage's earlier incidents are unknown"]
+    return parse_history(text)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from spikeops.vocabulary import LAYER_OF, LAYERS
+from spikeops.vocabulary import HISTORY_CAUSES, LAYER_OF, LAYERS
 from spikeops.vocabulary import SYMPTOMS as _SYMPTOMS
 
 __all__ = [
@@ -29,9 +29,11 @@ DIAGNOSIS_FORMAT = "spikeops-diagnosis/1"
 
 #: The spec's cause table: cause -> layer (shared with the simulator: spikeops.vocabulary,
 #: which generates incidents for the causes a generator can plant), plus ``inconclusive``
-#: (the answer when no rule holds and the evidence to judge is missing) and
-#: ``silent_data_corruption`` (only replays of the spike window show it: spikeops.replay).
-CAUSES: dict[str, str] = {**LAYER_OF, "inconclusive": "none", "silent_data_corruption": "hardware"}
+#: (the answer when no rule holds and the evidence to judge is missing),
+#: ``silent_data_corruption`` (only replays of the spike window show it: spikeops.replay) and
+#: the causes only the lineage's history shows (``poisoned_checkpoint``: history.json).
+CAUSES: dict[str, str] = {**LAYER_OF, "inconclusive": "none", "silent_data_corruption": "hardware",
+                          **HISTORY_CAUSES}
 #: The spec's symptoms, ``unknown`` (no step metrics could be judged) included.
 SYMPTOMS: tuple[str, ...] = (*_SYMPTOMS, *(() if "unknown" in _SYMPTOMS else ("unknown",)))
 #: Layers whose evidence can be inconclusive about a node (it failed, or could not be read,

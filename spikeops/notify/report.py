@@ -34,12 +34,61 @@ def read_actions(bundle: Path) -> list[dict[str, Any]]:
     return out
 
 
+def _json_file(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8", errors="replace"))
+    except (OSError, ValueError):
+        return None
+
+
 def _md_escape(text: str) -> str:
     return redact(str(text)).replace("|", "\\|").replace("\n", " ")
 
 
+def _lineage_lines(diagnosis: Mapping[str, Any], history: Sequence[Mapping[str, Any]],
+                   ledger: Mapping[str, Any] | None) -> list[str]:
+    """The lineage's earlier incidents, a conviction in doubt, and what this incident cost."""
+    lines: list[str] = []
+    entry = ((ledger or {}).get("entry") or {}).get("incident") or {}
+    doubts = [a for a in diagnosis.get("actions") or [] if a.get("kind") == "doubt_conviction"]
+    if history or doubts or entry.get("recurrence_of"):
+        lineage = entry.get("lineage") or ((ledger or {}).get("context") or {}).get("lineage") or "?"
+        lines += ["", "## Lineage", "", f"- **Lineage**: {lineage}, {len(history)} earlier incident(s)"]
+        if entry.get("recurrence_of"):
+            lines.append(f"- **Recurrence of**: {entry['recurrence_of']} (same point after its resume)")
+        for doubt in doubts:
+            lines.append(f"- **Conviction in doubt**: {fold_nodes(doubt.get('nodes') or [])} ({doubt.get('cause')} in "
+                         f"{doubt.get('incident_id')}): the anomaly recurred without them; they stay drained")
+        if history:
+            lines += ["", "| opened | incident | job | cause | spike step | resumed as | from | plan |",
+                      "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+            for past in history:
+                plan = past.get("plan") or {}
+                what = "; ".join(filter(None, [f"excluded {fold_nodes(plan.get('excluded') or [])}"
+                                               if plan.get("excluded") else "",
+                                               " ".join(f"{k}={v}" for k, v in (plan.get("env") or {}).items())]))
+                lines.append(f"| {past.get('opened')} | {past.get('incident_id')} | {past.get('job_id')} | "
+                             f"{past.get('cause')} | {past.get('spike_step')} | {past.get('resumed_as') or '—'} | "
+                             f"{(past.get('resumed_from') or {}).get('path') or '—'} | {_md_escape(what or '—')} |")
+    if entry:
+        from spikeops.ledger.lost import TIMES, lost_time
+
+        lost = lost_time(entry)
+        lines += ["", "## Cost", "",
+                  f"- **GPU-hours lost**: {lost['gpu_hours'] if lost['gpu_hours'] is not None else 'unknown'}"
+                  f" ({lost['gpus'] or '?'} GPUs)",
+                  f"- **Steps rolled back**: {lost['steps_rolled_back'] if lost['steps_rolled_back'] is not None else '—'}"
+                  f" at {lost['step_seconds'] or '?'} s/step",
+                  f"- **Downtime**: {lost['downtime_s'] / 60:.1f} min (spike to the resumed job running"
+                  + (", still counting)" if lost["still_down"] else ")"),
+                  "- **Times**: " + "; ".join(f"{name.replace('_', ' ')} {entry.get('t_' + name) or '—'}"
+                                             for name in TIMES)]
+    return lines
+
+
 def render_markdown(diagnosis: Mapping[str, Any], incident: Mapping[str, Any], *,
-                    actions_log: Sequence[Mapping[str, Any]] = (), plot_name: str | None = None) -> str:
+                    actions_log: Sequence[Mapping[str, Any]] = (), plot_name: str | None = None,
+                    history: Sequence[Mapping[str, Any]] = (), ledger: Mapping[str, Any] | None = None) -> str:
     job = incident.get("job") or {}
     primary = diagnosis.get("primary") or {}
     lines = [f"# Incident {incident.get('incident_id', '')}: {primary.get('cause', 'undiagnosed')}", ""]
@@ -54,6 +103,7 @@ def render_markdown(diagnosis: Mapping[str, Any], incident: Mapping[str, Any], *
     resume = diagnosis.get("resume_from")
     lines.append(f"- **Resume from**: {resume.get('path')} (step {resume.get('step')})" if resume
                  else "- **Resume from**: no verified checkpoint before the onset")
+    lines += _lineage_lines(diagnosis, history, ledger)
     lines += ["", "## Timeline", "", "| time | what |", "| --- | --- |"]
     alert = incident.get("alert") or {}
     timeline = [(alert.get("received") or incident.get("created"), f"alert from {alert.get('source', '?')}")]
@@ -164,7 +214,11 @@ def write_report(bundle: str | Path, diagnosis: Mapping[str, Any], incident: Map
     if plot_png:
         atomic_write(root / "plot.png", plot_png)
         plot_name = "plot.png"
-    markdown = render_markdown(diagnosis, incident, actions_log=read_actions(root), plot_name=plot_name)
+    history = _json_file(root / "history.json")
+    ledger = _json_file(root / "ledger.json")
+    markdown = render_markdown(diagnosis, incident, actions_log=read_actions(root), plot_name=plot_name,
+                               history=[h for h in history if isinstance(h, dict)] if isinstance(history, list) else [],
+                               ledger=ledger if isinstance(ledger, dict) else None)
     atomic_write(root / "report.md", markdown.encode())
     page = render_html(markdown, plot_png=plot_png, title=f"incident {incident.get('incident_id', '')}")
     atomic_write(root / "report.html", page.encode())
