@@ -315,7 +315,7 @@ def test_generic_phrases_need_a_distributed_context():
 
 
 def test_event_limit_is_counted_in_a_gap(monkeypatch):
-    monkeypatch.setattr(nccl_log, "MAX_EVENTS", 3)
+    monkeypatch.setattr(nccl_log.reader, "MAX_EVENTS", 3)
     text = "\n".join(f"h:1:2 [0] x.cc:1 NCCL WARN odd {i}" for i in range(10))
     log = nccl_log.parse(text)
     assert len(log.events) == 3
