@@ -435,7 +435,7 @@ def test_to_frame_columns_types_and_empty():
 
 
 def test_record_limit_keeps_latest(monkeypatch):
-    monkeypatch.setattr(tl, "MAX_STEPS", 5)
+    monkeypatch.setattr(tl.builder, "MAX_STEPS", 5)
     text = "".join(f"step {i} loss 1.0\n" for i in range(1, 13))
     log = tl.parse(text)
     assert [r.step for r in log.records] == [8, 9, 10, 11, 12]
