@@ -18,13 +18,14 @@ import re
 import stat as statmod
 import threading
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from spikeops.bundle import atomic_write
+if TYPE_CHECKING:
+    from concurrent.futures import Future
+
 from spikeops.checkpoints.digest import ALGORITHMS, CHUNK, DEFAULT_ALGORITHM, hash_file
 from spikeops.errors import InputError
 from spikeops.timeparse import iso
@@ -195,10 +196,27 @@ def hash_files(checkpoint: Checkpoint, paths: list[str], algorithm: str, workers
         except OSError as exc:
             return rel, exc
 
-    # Largest first, so one huge shard does not start last and finish alone.
-    order = sorted(paths, key=lambda rel: -_size(checkpoint.root / rel))
-    with ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="spikeops-digest") as pool:
-        results = dict(pool.map(one, order))
+    # Largest first, so one huge shard does not start last and finish alone. Plain threads over
+    # a shared iterator, not concurrent.futures: its import (with logging) was a tenth of a warm
+    # verify's start-up.
+    order = iter(sorted(paths, key=lambda rel: -_size(checkpoint.root / rel)))
+    results: dict[str, Any] = {}
+    taking = threading.Lock()
+
+    def work() -> None:
+        while True:
+            with taking:
+                rel = next(order, None)
+            if rel is None:
+                return
+            results[rel] = one(rel)[1]
+
+    threads = [threading.Thread(target=work, name="spikeops-digest", daemon=True)
+               for _ in range(max(1, min(workers, len(paths))))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
     return [(rel, results[rel]) for rel in paths]
 
 
@@ -247,13 +265,15 @@ def write_manifest(path: str | Path, *, algorithm: str = DEFAULT_ALGORITHM, step
     checkpoint = locate(path)
     document = build_manifest(path, algorithm=algorithm, step=step, workers=workers, progress=progress)
     try:
+        from spikeops.bundle import atomic_write  # here: a verify never needs it, and it is a tenth of its start
+
         atomic_write(checkpoint.manifest_path, (json.dumps(document, indent=1) + "\n").encode(), sync_dir=True)
     except OSError as exc:
         raise InputError(f"{checkpoint.manifest_path}: cannot write ({exc.strerror or exc})") from None
     return checkpoint.manifest_path
 
 
-_BACKGROUND = ThreadPoolExecutor(max_workers=1, thread_name_prefix="spikeops-manifest")
+_BACKGROUND: Any = None  # one thread, made on first use: background manifests are written in order
 
 
 def save_manifest(path: str | Path, *, step: int | None = None, algorithm: str = DEFAULT_ALGORITHM,
@@ -262,8 +282,13 @@ def save_manifest(path: str | Path, *, step: int | None = None, algorithm: str =
     ``save_manifest(ckpt_dir, step=step, background=True)`` hashes in a background thread
     (the digest releases the GIL) and returns a Future; otherwise the manifest's path.
     Background manifests are written one at a time, in the order they were asked for."""
+    global _BACKGROUND
     if not background:
         return write_manifest(path, algorithm=algorithm, step=step, workers=workers)
+    if _BACKGROUND is None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        _BACKGROUND = ThreadPoolExecutor(max_workers=1, thread_name_prefix="spikeops-manifest")
     return _BACKGROUND.submit(write_manifest, path, algorithm=algorithm, step=step, workers=workers)
 
 

@@ -18,7 +18,6 @@ import argparse
 import importlib
 import os
 import sys
-import traceback
 from collections.abc import Sequence
 from typing import TextIO
 
@@ -65,8 +64,10 @@ def _adder(target: str):
 
 
 def build_parser(command: str | None = None, *, full: bool = False) -> argparse.ArgumentParser:
-    """The parser with ``command`` (or, with ``full``, every command) defined in full and the
-    others as one-line entries: enough to list them, and to refuse an unknown one."""
+    """The parser with ``command`` alone, in full, when it is one of ours (a parser per command
+    costs a few milliseconds, and a command's start-up is what a user waits for); otherwise
+    every command as a one-line entry, to list them and to refuse an unknown one. ``full``:
+    every command in full."""
     parser = argparse.ArgumentParser(
         prog="spikeops",
         description=(
@@ -79,10 +80,11 @@ def build_parser(command: str | None = None, *, full: bool = False) -> argparse.
     )
     parser.add_argument("--version", action="version", version=f"spikeops {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    known = any(name == command for name, _, _ in COMMANDS)
     for name, target, summary in COMMANDS:
         if full or name == command:
             _adder(target)(commands)
-        else:
+        elif not known:
             commands.add_parser(name, help=summary)
     return parser
 
@@ -119,6 +121,8 @@ def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None, err: T
         return EXIT_OK
     except Exception as exc:  # the last line of defence: never a traceback by default
         if os.environ.get("SPIKEOPS_DEBUG"):
+            import traceback
+
             traceback.print_exc(file=err)
         err.write(
             f"spikeops {args.command}: internal error: {type(exc).__name__}: {exc} "
