@@ -34,7 +34,12 @@ TOKEN = "xoxb-bench-token-000000000"
 SYMPTOMS = {"nan": 1, "spike": 5}
 
 
-def one(nodes: int, work: Path, trace: bool = False, symptom: str = "nan", start: str = "warm") -> dict[str, float]:
+def one(nodes: int, work: Path, trace: bool = False, symptom: str = "nan", start: str = "warm",
+        layout: str = "served") -> dict[str, float]:
+    """One alert. ``layout``: ``served`` (``spikeops serve`` runs the flow) or ``pool`` (the
+    scale-out layout: the cluster's work pool and deployment, a worker, ``serve --receiver-only``);
+    ``start``: warm (``spikeops serve`` / ``spikeops worker``) or cold (Prefect's own engine
+    command per run: ``--cold-start`` / ``prefect worker start --type process``)."""
     import subprocess
 
     prefect_port, receiver_port = _free(), _free()
@@ -48,7 +53,7 @@ def one(nodes: int, work: Path, trace: bool = False, symptom: str = "nan", start
         server = subprocess.Popen([str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port",
                                    str(prefect_port)], env=env, stdout=logs, stderr=subprocess.STDOUT,
                                   start_new_session=True)
-        serving = None
+        serving = worker = None
         shm = Path("/dev/shm") if Path("/dev/shm").is_dir() else work
         cluster_dir = Path(tempfile.mkdtemp(prefix="spikeops-bench-inc-", dir=shm))
         try:
@@ -59,12 +64,22 @@ def one(nodes: int, work: Path, trace: bool = False, symptom: str = "nan", start
                                 seed=SYMPTOMS[symptom]) as (
                     cluster, scheduler, job, config):
                 _wait_http(f"{api}/health", 180, server)
+                if layout == "pool":
+                    subprocess.run([sys.executable, "-m", "spikeops.deployments.topology", "deploy", "--config",
+                                    str(config)], env=env, check=True, capture_output=True, timeout=120)
+                    argv = ([str(BIN / "spikeops"), "worker", "--pool", "spikeops-sim"] if start == "warm" else
+                            [str(BIN / "prefect"), "worker", "start", "--pool", "spikeops-sim", "--type", "process"])
+                    worker = subprocess.Popen(argv, env=dict(env, SPIKEOPS_CONFIG=str(config),
+                                                             PREFECT_WORKER_QUERY_SECONDS="0.5",
+                                                             PREFECT_WORKER_PREFETCH_SECONDS="5"),
+                                              stdout=logs, stderr=subprocess.STDOUT, start_new_session=True)
                 serving = subprocess.Popen([str(BIN / "spikeops"), "serve", "--config", str(config),
                                             "--addr", f"127.0.0.1:{receiver_port}"]
-                                           + (["--cold-start"] if start == "cold" else []), env=env, stdout=logs,
+                                           + (["--receiver-only"] if layout == "pool" else
+                                              ["--cold-start"] if start == "cold" else []), env=env, stdout=logs,
                                            stderr=subprocess.STDOUT, start_new_session=True)
                 _wait_http(f"http://127.0.0.1:{receiver_port}/healthz", 60, serving)
-                time.sleep(2)  # let `prefect serve` register and start polling
+                time.sleep(2 if layout == "served" else 8)  # the runner / the worker registered and polling
                 alert = {"alerts": [{"status": "firing", "startsAt": "2026-11-29T18:03:12Z", "fingerprint": "b1",
                                      "labels": {"alertname": "TrainingLossNaN", "job_id": job, "cluster": "sim"}}]}
                 t0, t0_wall = time.monotonic(), time.time()
@@ -88,11 +103,12 @@ def one(nodes: int, work: Path, trace: bool = False, symptom: str = "nan", start
                     _trace_runs(api, t0_wall)
                     for m in slack.messages:
                         print(f"#  {float(m.ts) - t0_wall:7.2f} s  {m.text[:100]!r}", file=sys.stderr)
-                return {"nodes": nodes, "symptom": symptom, "accepted": accepted, "first_message": first, "diagnosis": diagnosis,
+                return {"layout": layout, "nodes": nodes, "symptom": symptom, "accepted": accepted, "first_message": first, "diagnosis": diagnosis,
                         "stopped": stopped, "status": status, "threads": parents, "running": running}
         finally:
-            if serving is not None:
-                _stop(serving)
+            for process in (worker, serving):
+                if process is not None:
+                    _stop(process)
             _stop(server)
             logs.close()
             if trace:
@@ -140,18 +156,22 @@ def main() -> int:
     parser.add_argument("--start", nargs="+", choices=["warm", "cold"], default=["warm"],
                         help="warm: spikeops serve forks each run from its forkserver (the default); cold: "
                              "--cold-start, the baseline: Prefect's python -m prefect.engine per run")
+    parser.add_argument("--layout", nargs="+", choices=["served", "pool"], default=["served"],
+                        help="served: spikeops serve runs the flow (default); pool: a work pool, its worker "
+                             "(spikeops worker when warm, prefect worker start when cold) and serve --receiver-only")
     args = parser.parse_args()
-    print("| nodes | symptom | run start | alert accepted (s) | first Slack message (s) | run running (s) "
+    print("| layout | nodes | symptom | run start | alert accepted (s) | first Slack message (s) | run running (s) "
           "| diagnosis in Slack (s) | job stopped (s) | threads |")
-    print("| ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
-    for nodes, symptom, start in [(n, s, w) for n in args.nodes for s in args.symptom for w in args.start]:
+    print("| --- | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for layout, nodes, symptom, start in [(lay, n, s, w) for lay in args.layout for n in args.nodes
+                                          for s in args.symptom for w in args.start]:
         if args.trace:  # the work directory is kept, for its servers' log
-            row = one(nodes, Path(tempfile.mkdtemp(prefix="spikeops-bench-incident-")), True, symptom, start)
+            row = one(nodes, Path(tempfile.mkdtemp(prefix="spikeops-bench-incident-")), True, symptom, start, layout)
         else:
             with tempfile.TemporaryDirectory(prefix="spikeops-bench-incident-") as tmp:
-                row = one(nodes, Path(tmp), symptom=symptom, start=start)
+                row = one(nodes, Path(tmp), symptom=symptom, start=start, layout=layout)
         fmt = lambda v: f"{v:.2f}" if isinstance(v, float) else "—"  # noqa: E731
-        print(f"| {nodes} | {symptom} | {start} | {fmt(row['accepted'])} | {fmt(row['first_message'])} | "
+        print(f"| {layout} | {nodes} | {symptom} | {start} | {fmt(row['accepted'])} | {fmt(row['first_message'])} | "
               f"{fmt(row['running'])} | {fmt(row['diagnosis'])} | {fmt(row['stopped'])} | {row['threads']} |",
               flush=True)
     return 0
