@@ -16,6 +16,7 @@ from __future__ import annotations
 __all__ = [
     "Z_SPIKE", "REL_SPIKE", "MIN_HISTORY", "SHORT_HISTORY", "WINDOW",
     "RATIO_SHORT", "CLIMB_RISES", "CLIMB_REL", "ABSURD_LOSS", "ABSURD_LR", "MIN_POINTS",
+    "STALL_FACTOR", "STALL_MIN_S", "stall_threshold",
 ]
 
 #: A spike is this many noise units above the running level...
@@ -44,3 +45,19 @@ ABSURD_LR = 1.0
 #: Fewer logged loss values than this, with nothing anomalous among them, cannot tell a
 #: healthy run: the symptom is ``unknown``, never ``none``.
 MIN_POINTS = 3
+
+#: A job is stalled when no new step came for this many times its typical step time...
+STALL_FACTOR = 10.0
+#: ...and never less than this (seconds): a checkpoint save or an evaluation pauses the step
+#: counter for minutes in a healthy run.
+STALL_MIN_S = 300.0
+
+
+def stall_threshold(step_seconds: float, log_seconds: float, *, factor: float = STALL_FACTOR,
+                    minimum: float = STALL_MIN_S) -> float:
+    """Seconds of silence after the last logged step that make a stall: ``factor`` x the
+    typical step time (at least ``minimum``), plus the typical interval between logged
+    steps (a job that logs every 100 steps is silent that long between two healthy lines,
+    and the counter may have stopped anywhere in it). The diagnosis, the watcher and the
+    Prometheus rule (infra/monitoring) apply the same rule."""
+    return max(factor * max(step_seconds, 0.0), minimum) + max(log_seconds, 0.0)

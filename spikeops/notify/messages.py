@@ -37,6 +37,7 @@ MAX_EVIDENCE = 3
 SYMPTOM_WORDS = {
     "instant_nan": "NaN loss", "single_spike": "loss spike", "spike_no_recovery": "loss spike, no recovery",
     "creeping_increase": "creeping loss", "none": "no anomaly in the metrics",
+    "stalled": "stalled (no new step)",
 }
 _SECRETS = [
     re.compile(r"xox[abposr]-[A-Za-z0-9-]{6,}"),           # Slack tokens
