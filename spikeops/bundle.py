@@ -126,6 +126,8 @@ def unpack_archive(archive: Path, folder: Path) -> tuple[list[str], str | None]:
         problem = f"not a readable tar archive ({exc})"
     if skipped and problem is None:
         problem = f"{skipped} archive member(s) that are not plain files were skipped"
+    if not written and problem is None and archive.stat().st_size:
+        problem = "no file could be read from the archive (not a tar archive?)"
     return written, problem
 
 

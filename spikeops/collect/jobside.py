@@ -58,14 +58,24 @@ def pids_function(job: str, node: str, command: str | None) -> str:
     """``_pids``: prints the job's process ids on this node, one a line, sorted, at most
     ``MAX_PROCESSES``. ``command`` (already filled with job and node) replaces the search."""
     if command:
-        body = f"\n    {{ {command}\n    ; }} 2>/dev/null | awk '$1 ~ /^[0-9]+$/ {{ print $1 }}'"
+        body = f"\n    {{ {command}\n    }} 2>/dev/null | awk '$1 ~ /^[0-9]+$/ {{ print $1 }}'"
     else:
         body = _DEFAULT_PIDS
     return (f"_J={shlex.quote(job)}; _N={shlex.quote(node)}\n"
-            f"_pids() {{ {{{body}\n    }} | sort -n -u | head -n {MAX_PROCESSES}\n}}\n")
+            f"_pids() {{ {{{body}\n    }} | sort -n -u | head -n {MAX_PROCESSES}\n}}\n" + _HIDDEN)
+
+
+#: ``_hidden``: why a search by environment may have found nothing (another user's processes).
+_HIDDEN = r"""_hidden() {
+    _h=0
+    for _f in /proc/[0-9]*/environ; do [ -r "$_f" ] || _h=$((_h + 1)); done
+    [ "$_h" = 0 ] || printf ' (the environment of %s process(es) of other users could not be read: collect as root or as the job'"'"'s user)' "$_h"
+}
+"""
 
 
 _FR = r"""_P=%(prefix)s
+_given=$_P
 if [ -z "$_P" ]; then
     _P=$(for _p in $(_pids); do
         tr '\0' '\n' <"/proc/$_p/environ" 2>/dev/null \
@@ -102,7 +112,8 @@ for _d in $_dirs; do
 done
 IFS=$_old
 if [ "$_found" = 0 ]; then
-    printf 'no flight recorder dump on this node (looked for %%s<rank>)\n' "$(printf '%%s ' $_P)" >&2
+    printf 'no flight recorder dump on this node (looked for %%s)%%s\n' "$(printf '%%s<rank> ' $_P | sed 's/ $//')" \
+        "$([ -n "$_given" ] || _hidden)" >&2
     exit 1
 fi
 """
@@ -122,7 +133,7 @@ _STACKS = r"""command -v py-spy >/dev/null 2>&1 || { echo 'py-spy: not installed
 _d=$(mktemp -d 2>/dev/null) || { echo 'spikeops: no temporary directory for the stacks' >&2; exit 1; }
 trap 'rm -rf "$_d"' EXIT
 _all=$(_pids)
-[ -n "$_all" ] || { echo "no process of job $_J on this node" >&2; exit 1; }
+[ -n "$_all" ] || { echo "no process of job $_J on this node$(_hidden)" >&2; exit 1; }
 _i=0
 for _p in $_all; do
     ( timeout -k 2 %(timeout)d py-spy dump --pid "$_p" >"$_d/$_p.txt" 2>"$_d/$_p.err"

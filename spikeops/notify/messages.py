@@ -162,8 +162,8 @@ def _finding_text(finding: Mapping[str, Any]) -> str:
     lines = [head + (f"\n_{'; '.join(where)}_" if where else "")]
     evidence = finding.get("evidence") or []
     if evidence:
-        cited = "\n".join(f"{e.get('file')}:{e.get('line')}: {str(e.get('text', ''))[:300]}"
-                          for e in evidence[:MAX_EVIDENCE])
+        cited = "\n".join(f"{e.get('file')}{'' if e.get('line') is None else ':' + str(e['line'])}: "
+                          f"{str(e.get('text', ''))[:300]}" for e in evidence[:MAX_EVIDENCE])
         lines.append("```" + cited.replace("```", "'''") + "```")
         if len(evidence) > MAX_EVIDENCE:
             lines.append(f"_and {len(evidence) - MAX_EVIDENCE} more evidence lines in report.md_")

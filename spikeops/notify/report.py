@@ -34,6 +34,11 @@ def read_actions(bundle: Path) -> list[dict[str, Any]]:
     return out
 
 
+def _at(line: Any) -> str:
+    """``:LINE`` for evidence with a line; nothing for files without lines (a flight recorder dump)."""
+    return f":{line}" if line is not None else ""
+
+
 def _md_escape(text: str) -> str:
     return redact(str(text)).replace("|", "\\|").replace("\n", " ")
 
@@ -84,7 +89,7 @@ def render_markdown(diagnosis: Mapping[str, Any], incident: Mapping[str, Any], *
             lines += ["", "_" + "; ".join(where) + "_"]
         evidence = finding.get("evidence") or []
         if evidence:
-            lines += ["", "```"] + [redact(f"{e.get('file')}:{e.get('line')}: {e.get('text', '')}").replace("```", "'''")
+            lines += ["", "```"] + [redact(f"{e.get('file')}{_at(e.get('line'))}: {e.get('text', '')}").replace("```", "'''")
                                     for e in evidence] + ["```"]
         lines.append("")
     if not diagnosis.get("findings"):
