@@ -21,10 +21,10 @@ so across ranks:
 - NCCL RAS (``ncclras.txt``) names dead and unresponsive processes and ranks that launched
   fewer operations than their peers, job-wide, without dumps: the same kind of finding.
 
-Ranks come from the dumps' file names (torch appends the global rank); a rank's node from
-the job's rank map (``incident.json``), else the node whose folder held that rank's dump
-when only one did (node-local dumps; on a shared file system every node holds every dump,
-and identical dumps are read once). Dumps whose newest entry is older than the job are
+Ranks come from the dumps' file names (torch appends the global rank); a rank's node is the
+node whose folder held that rank's dump when only one did (node-local dumps: the process wrote
+it there), else the job's rank map (``incident.json``: on a shared file system every node
+holds every dump, and identical dumps are read once). Dumps whose newest entry is older than the job are
 another run's and are set aside. Rings wrap: only sequence numbers every compared rank still
 holds are compared.
 """
@@ -136,13 +136,13 @@ def _members(traces: dict[int, RankTrace], group: str) -> set[int]:
 
 
 def _node_of(ctx: Context, rank: int, traces: dict[int, RankTrace]) -> str | None:
-    node = ctx.node_of_rank(rank)
-    if node is not None:
-        return node
+    """The node a rank ran on: where its dump was, when only one node held it (the process
+    wrote it there: physical evidence, whatever order a scheduler lists the nodes in), else
+    the job's rank map (a shared file system shows every dump on every node)."""
     trace = traces.get(rank)
     if trace is not None and len(set(trace.nodes)) == 1:
         return trace.nodes[0]
-    return None
+    return ctx.node_of_rank(rank)
 
 
 def _fold(ranks: Iterable[int]) -> str:

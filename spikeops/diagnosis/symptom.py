@@ -111,7 +111,7 @@ def stall(frame: pd.DataFrame, now: object, rule: StallRule | None = None, *,
     timed = times.dropna().tail(STALL_HISTORY + 1)
     if len(timed) < 2:
         return None
-    seconds = np.diff(timed.astype("int64").to_numpy()) / 1e9
+    seconds = np.diff((timed - timed.iloc[0]).dt.total_seconds().to_numpy())  # whatever the time unit
     steps = np.diff(timed.index.to_numpy().astype(float))
     good = (seconds > 0) & (steps > 0)
     if not good.any():
