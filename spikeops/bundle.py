@@ -231,16 +231,25 @@ class Bundle:
         return bundle_files.parse_probes(path.read_text(encoding="utf-8", errors="replace"))
 
     def probe_files(self, node: str, *, baseline: bool = False) -> list[Path]:
-        """Raw probe outputs (``*.txt``, ``*.log``, ``*.xml``, ``*.json``) of a node."""
+        """Raw probe outputs (``*.txt``, ``*.log``, ``*.xml``, ``*.json``) of a node, then the
+        files of its unpacked folders (``flight-recorder/``, ``stacks/``)."""
         folder = self.node_dir(node) / "baseline" if baseline else self.node_dir(node)
         if not folder.is_dir():
             return []
-        return sorted(p for p in folder.iterdir() if p.is_file() and probe_kind_for(p.name))
+        files = sorted(p for p in folder.iterdir() if p.is_file() and probe_kind_for(p.name))
+        for name in ARCHIVES:
+            if (folder / name).is_dir():
+                files.extend(sorted(p for p in (folder / name).iterdir() if p.is_file() and not p.name.startswith(".")))
+        return files
 
     def read_probe(self, node: str, filename: str, *, baseline: bool = False) -> Reading:
-        """Parse one probe file with the kind its name fixes; raises InputError if unreadable."""
+        """Parse one probe file with the kind its name fixes (``flight-recorder/NAME`` and
+        ``stacks/NAME`` by their folder); raises InputError if unreadable."""
         folder = self.node_dir(node) / "baseline" if baseline else self.node_dir(node)
-        kind = probe_kind_for(filename)
+        parent, _, name = filename.rpartition("/")
+        kind = ARCHIVES.get(parent) if parent else probe_kind_for(filename)
+        if parent and (kind is None or not _SAFE_NAME.match(name)):
+            raise InputError(f"{filename}: not a probe file of the bundle")
         return read_evidence(folder / filename, kind)
 
     def stderr_of(self, node: str, probe_file: str) -> str | None:

@@ -119,3 +119,16 @@ def test_a_healthy_report_is_ruled_out(tmp_path: Path) -> None:
     document = diagnose(_bundle(tmp_path / "b", "ncclras-healthy-4x8.txt")).to_json()
     assert not any(f["cause"] == "collective_hang" for f in document["findings"])
     assert any("NCCL RAS" in r["why"] for r in document["ruled_out"])
+
+
+def test_a_host_is_named_through_the_address_nccl_bootstrapped_on(tmp_path: Path) -> None:
+    """No collection record: the node's own NCCL lines say which address it bootstrapped on."""
+    root = _bundle(tmp_path / "b", "ncclras-dead-process.txt")
+    writer = BundleWriter(root)
+    for node, address in (("gpu-002", "10.0.7.12"), ("gpu-003", "10.0.7.13")):
+        lines = (f"{node}:51877:51877 [2] NCCL INFO Bootstrap : Using ib0:{address}<0>\n"
+                 f"{node}:51877:51877 [2] NCCL INFO NCCL version 2.26.2+cuda12.8\n")
+        writer.write_probe_output(node, "nccl.log", lines.encode())
+    primary = diagnose(root).to_json()["findings"][0]
+    assert primary["cause"] == "collective_hang" and primary["nodes"] == ["gpu-002"]
+    assert "not matched" not in primary["summary"]

@@ -67,9 +67,12 @@ def pids_function(job: str, node: str, command: str | None) -> str:
 
 #: ``_hidden``: why a search by environment may have found nothing (another user's processes).
 _HIDDEN = r"""_hidden() {
-    _h=0
-    for _f in /proc/[0-9]*/environ; do [ -r "$_f" ] || _h=$((_h + 1)); done
-    [ "$_h" = 0 ] || printf ' (the environment of %s process(es) of other users could not be read: collect as root or as the job'"'"'s user)' "$_h"
+    for _f in /proc/[0-9]*/environ; do
+        if [ ! -r "$_f" ]; then
+            printf ' (the environment of other users'"'"' processes could not be read: collect as root or as the job'"'"'s user)'
+            return
+        fi
+    done
 }
 """
 

@@ -324,7 +324,9 @@ def comm_collective_hang(ctx: Context) -> list[Finding]:
                 unknown.append(rank)
                 continue
             mine = [s for (g, s) in trace.by_seq if g == group]
-            if mine and max(mine) < seq:
+            if not mine:  # nothing of this group in its ring (wrapped by other groups, or none yet)
+                unknown.append(rank)
+            elif max(mine) < seq:
                 behind.append(rank)
         sample = next(entry for s, trace, entry in pending if s == seq and trace.rank == waiting[0])
         op = f"{sample.profiling_name or _op(sample)}" + (f" {sample.input_sizes}" if sample.input_sizes else "")
@@ -354,12 +356,12 @@ def comm_collective_hang(ctx: Context) -> list[Finding]:
             confidence = HANG_CONFIDENCE if not unknown else HANG_CONFIDENCE - 0.05
         else:
             summary = (f"rank(s) {_fold(waiting)} wait in collective {seq} of process group {group!r} ({op}); "
-                       f"rank(s) {_fold(unknown)}{where} left no dump and are not known to have entered it")
+                       f"rank(s) {_fold(unknown)}{where} left no dump of it and are not known to have entered it")
             confidence = PARTIAL_CONFIDENCE
         if said:
             summary += "; " + "; ".join(said[:3])
         if unknown and behind:
-            summary += f"; no dump from rank(s) {_fold(unknown)}"
+            summary += f"; nothing of this group in the dumps of rank(s) {_fold(unknown)}"
         findings.append(Finding(
             layer="communication", cause="collective_hang", confidence=confidence, summary=summary,
             nodes=nodes, ranks=named, evidence=evidence[:8], convicts=False,

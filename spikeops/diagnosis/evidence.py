@@ -900,7 +900,9 @@ def with_fresh_checkpoints(facts: BundleFacts) -> BundleFacts:
     return replace(facts, checkpoints=checkpoints, missing=kept[:at] + gaps + kept[at:])
 
 
-_IP = re.compile(r"(?<![\d.])(\d{1,3}(?:\.\d{1,3}){3})(?![\d.])|\[?([0-9a-fA-F:]*:[0-9a-fA-F:.]+)\]?<")
+_IPV4 = re.compile(r"(?<![\d.])\d{1,3}(?:\.\d{1,3}){3}(?![\d.])")
+#: NCCL's ``ib0:fe80::1%ib0<0>``: after the interface's colon, up to the port's ``<``.
+_IPV6 = re.compile(r"^[^:]*:\[?([0-9a-fA-F]*(?::[0-9a-fA-F]*){2,7})(?:%[\w.-]+)?\]?<")
 
 
 def _addresses(path: Path, nodes: list[NodeFacts]) -> None:
@@ -918,8 +920,11 @@ def _addresses(path: Path, nodes: list[NodeFacts]) -> None:
         pass
     for facts in nodes:
         for process in (facts.nccl.processes.values() if facts.nccl is not None else ()):
-            for match in _IP.finditer(process.bootstrap or ""):
-                facts.addresses.add(match.group(1) or match.group(2))
+            text = process.bootstrap or ""
+            facts.addresses.update(_IPV4.findall(text))
+            six = _IPV6.match(text)
+            if six:
+                facts.addresses.add(six.group(1))
 
 
 def load_bundle(path: str | Path, *, workers: int | None = None) -> BundleFacts:

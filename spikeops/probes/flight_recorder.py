@@ -441,10 +441,19 @@ def detect(sample: str) -> float:
     return 1.0 if keys >= 3 else 0.6 if keys == 2 else 0.0
 
 
+def _span(ranks: list[int] | None) -> str:
+    """``0-63`` for a contiguous group, the list otherwise (at most 16 shown)."""
+    if not ranks:
+        return "?"
+    if ranks == list(range(ranks[0], ranks[0] + len(ranks))):
+        return f"{ranks[0]}-{ranks[-1]}" if len(ranks) > 1 else str(ranks[0])
+    return str(ranks[:16])[:-1] + (", ...]" if len(ranks) > 16 else "]")
+
+
 def summarize(dump: FlightRecorderDump) -> list[str]:
     if dump.format is None or (not dump.entries and not dump.pg_config):
         return ["no flight recorder dump could be read"]
-    groups = ", ".join(f"{key or '(unnamed)'}: ranks {cfg.ranks}" for key, cfg in list(dump.pg_config.items())[:4])
+    groups = ", ".join(f"{key or '(unnamed)'}: ranks {_span(cfg.ranks)}" for key, cfg in list(dump.pg_config.items())[:4])
     lines = [f"flight recorder dump ({dump.format}, version {dump.version}): {len(dump.entries)} entries"
              + (f"; groups {groups}" if groups else "")]
     for key, status in list(dump.pg_status.items())[:4]:
