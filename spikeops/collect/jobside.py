@@ -38,38 +38,48 @@ PYSPY_TIMEOUT = 10
 PYSPY_PARALLEL = 8
 
 _DEFAULT_PIDS = r"""
-    if printf 'x\0' | grep -qz x 2>/dev/null; then
-        _e=$(grep -lazxF -e "SLURM_JOB_ID=$_J" -e "SPIKEOPS_LOCAL_JOB=$_J" /proc/[0-9]*/environ 2>/dev/null)
-    else
-        _e=$(for _f in /proc/[0-9]*/environ; do
-            tr '\0' '\n' <"$_f" 2>/dev/null | grep -qxF -e "SLURM_JOB_ID=$_J" -e "SPIKEOPS_LOCAL_JOB=$_J" && echo "$_f"
-        done)
+    _e=$(grep -lazxF -e "SLURM_JOB_ID=$_J" -e "SPIKEOPS_LOCAL_JOB=$_J" /proc/[0-9]*/environ 2>/dev/null)
+    if [ -z "$_e" ]; then
+        grep -qz . /dev/null 2>/dev/null
+        if [ $? -gt 1 ]; then  # no grep -z (busybox): one environment at a time
+            _e=$(for _f in /proc/[0-9]*/environ; do
+                tr '\0' '\n' <"$_f" 2>/dev/null | grep -qxF -e "SLURM_JOB_ID=$_J" -e "SPIKEOPS_LOCAL_JOB=$_J" \
+                    && echo "$_f"
+            done)
+        fi
     fi
+    _found=
     for _f in $_e; do
         _p=${_f#/proc/}; _p=${_p%/environ}
         [ "$_p" = "$$" ] && continue
         _n=$(tr '\0' '\n' <"$_f" 2>/dev/null | sed -n 's/^SLURMD_NODENAME=//p;s/^SPIKEOPS_NODE=//p' | head -n 1)
         [ -z "$_n" ] || [ "$_n" = "$_N" ] || continue
-        echo "$_p"
+        _found="$_found $_p"
     done"""
 
 
 def pids_function(job: str, node: str, command: str | None) -> str:
-    """``_pids``: prints the job's process ids on this node, one a line, sorted, at most
-    ``MAX_PROCESSES``. ``command`` (already filled with job and node) replaces the search."""
+    """``_pids``: sets ``_all`` to the job's process ids on this node (sorted, at most
+    ``MAX_PROCESSES``, empty when none), forking little when there are none (the common case
+    on the nodes of an incident's other jobs, and where the collector cannot read them).
+    ``command`` (already filled with job and node) replaces the search."""
     if command:
-        body = f"\n    {{ {command}\n    }} 2>/dev/null | awk '$1 ~ /^[0-9]+$/ {{ print $1 }}'"
+        body = (f"\n    _found=$({{ {command}\n    }} 2>/dev/null | awk '$1 ~ /^[0-9]+$/ {{ print $1 }}')")
     else:
         body = _DEFAULT_PIDS
     return (f"_J={shlex.quote(job)}; _N={shlex.quote(node)}\n"
-            f"_pids() {{ {{{body}\n    }} | sort -n -u | head -n {MAX_PROCESSES}\n}}\n" + _HIDDEN)
+            f"_pids() {{{body}\n    _all=\n"
+            f"    [ -z \"$_found\" ] || _all=$(printf '%s\\n' $_found | sort -n -u | head -n {MAX_PROCESSES})\n}}\n"
+            + _HIDDEN)
 
 
-#: ``_hidden``: why a search by environment may have found nothing (another user's processes).
+#: ``_hidden``: sets ``_why`` to why a search by environment may have found nothing (another
+#: user's processes), with shell builtins only.
 _HIDDEN = r"""_hidden() {
+    _why=
     for _f in /proc/[0-9]*/environ; do
         if [ ! -r "$_f" ]; then
-            printf ' (the environment of other users'"'"' processes could not be read: collect as root or as the job'"'"'s user)'
+            _why=" (the environment of other users' processes could not be read: collect as root or as the job's user)"
             return
         fi
     done
@@ -80,34 +90,35 @@ _HIDDEN = r"""_hidden() {
 _FR = r"""_P=%(prefix)s
 _given=$_P
 if [ -z "$_P" ]; then
-    _P=$(for _p in $(_pids); do
-        tr '\0' '\n' <"/proc/$_p/environ" 2>/dev/null \
-            | sed -n 's/^TORCH_FR_DUMP_TEMP_FILE=//p;s/^TORCH_NCCL_DEBUG_INFO_TEMP_FILE=//p' | head -n 1
-    done | sort -u)
+    _pids
+    for _p in $_all; do
+        _x=$(tr '\0' '\n' <"/proc/$_p/environ" 2>/dev/null \
+            | sed -n 's/^TORCH_FR_DUMP_TEMP_FILE=//p;s/^TORCH_NCCL_DEBUG_INFO_TEMP_FILE=//p' | head -n 1)
+        case "
+$_P
+" in *"
+$_x
+"*) continue ;; esac
+        [ -z "$_x" ] || _P="$_P${_P:+
+}$_x"
+    done
     [ -n "$_P" ] || _P=%(default)s
 fi
-_found=0
-_dirs=$(printf '%%s\n' "$_P" | while IFS= read -r _x; do
-    case $_x in */*) echo "${_x%%/*}" ;; *) echo . ;; esac
-done | sort -u)
+_found=0 _looked=
 _old=$IFS
 IFS='
 '
-for _d in $_dirs; do
+for _x in $_P; do
+    case $_x in */*) _d=${_x%%/*}; _b=${_x##*/} ;; *) _d=.; _b=$_x ;; esac
     [ -n "$_d" ] || _d=/
-    [ -d "$_d" ] || continue
+    _looked="$_looked${_looked:+, }$_x<rank>"
     _names=
-    for _x in $_P; do
-        case $_x in */*) _xd=${_x%%/*}; _b=${_x##*/} ;; *) _xd=.; _b=$_x ;; esac
-        [ -n "$_xd" ] || _xd=/
-        [ "$_xd" = "$_d" ] || continue
-        for _f in "$_d/$_b"*; do
-            [ -f "$_f" ] || continue
-            _r=${_f#"$_d/$_b"}
-            case $_r in ''|*[!0-9]*) continue ;; esac
-            _names="$_names
+    for _f in "$_d/$_b"*; do
+        [ -f "$_f" ] || continue
+        _r=${_f#"$_d/$_b"}
+        case $_r in ''|*[!0-9]*) continue ;; esac
+        _names="$_names
 ./$_b$_r"
-        done
     done
     [ -n "$_names" ] || continue
     _found=1
@@ -115,8 +126,9 @@ for _d in $_dirs; do
 done
 IFS=$_old
 if [ "$_found" = 0 ]; then
-    printf 'no flight recorder dump on this node (looked for %%s)%%s\n' "$(printf '%%s<rank> ' $_P | sed 's/ $//')" \
-        "$([ -n "$_given" ] || _hidden)" >&2
+    _why=
+    [ -n "$_given" ] || _hidden
+    printf 'no flight recorder dump on this node (looked for %%s)%%s\n' "$_looked" "$_why" >&2
     exit 1
 fi
 """
@@ -133,10 +145,14 @@ def flight_recorder_command(job: str, node: str, prefix: str | None, pids_comman
 
 
 _STACKS = r"""command -v py-spy >/dev/null 2>&1 || { echo 'py-spy: not installed on this node' >&2; exit 127; }
+_pids
+if [ -z "$_all" ]; then
+    _hidden
+    echo "no process of job $_J on this node$_why" >&2
+    exit 1
+fi
 _d=$(mktemp -d 2>/dev/null) || { echo 'spikeops: no temporary directory for the stacks' >&2; exit 1; }
 trap 'rm -rf "$_d"' EXIT
-_all=$(_pids)
-[ -n "$_all" ] || { echo "no process of job $_J on this node$(_hidden)" >&2; exit 1; }
 _i=0
 for _p in $_all; do
     ( timeout -k 2 %(timeout)d py-spy dump --pid "$_p" >"$_d/$_p.txt" 2>"$_d/$_p.err"
