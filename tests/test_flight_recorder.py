@@ -313,3 +313,23 @@ def test_hardware_evidence_on_the_named_node_convicts_it_with_the_hang_joined(ha
     assert any("flight-recorder" in line["file"] for line in xid["evidence"])
     hang_finding = next(f for f in document["findings"] if f["cause"] == "collective_hang")
     assert hang_finding["confidence"] < xid["confidence"]
+
+
+def test_a_stall_with_nothing_that_names_the_rank_is_inconclusive_and_asks_for_the_recorder(tmp_path: Path) -> None:
+    from spikeops.remediation import resume_plan
+    from spikeops.response import approval_gate
+
+    document = diagnose(_bundle(tmp_path / "b", {})).to_json()
+    assert document["symptom"] == "stalled" and document["primary"]["cause"] == "inconclusive"
+    assert document["culprit_nodes"] == [] and document["resume_from"] is None  # no checkpoints.json here
+    assert document["onset_step"] == 40
+    kinds = [a["kind"] for a in document["actions"]]
+    assert kinds[:2] == ["stop_job", "preserve_state"] and "collect_evidence" in kinds
+    collect = next(a for a in document["actions"] if a["kind"] == "collect_evidence")
+    assert any("flight recorder" in what for what in collect["what"])
+    plan = resume_plan(document["actions"], document["findings"])
+    assert plan.env["TORCH_FR_BUFFER_SIZE"] == "2000"  # the next hang names its rank
+    assert any("flight-recorder/: no dump collected" in line for line in document["missing"])
+    # a person decides the resume of a job nobody knows why it hung
+    gate = approval_gate("auto-hardware", {**document, "resume_from": {"step": 30, "path": "/c/30"}}, stopped=True)
+    assert gate.action == "resume" and gate.ask

@@ -18,10 +18,11 @@ What it exports, with the ``job_id`` and ``cluster`` labels spikeops maps to the
 ``training_loss_scale``, ``training_tokens_per_second`` (gauges of the last step; a field the
 job never logs has no series), ``training_nonfinite_loss_total`` (a counter of the steps
 whose loss was NaN or infinite, so a NaN between two scrapes is still seen), and for the
-stall rule ``training_last_step_timestamp_seconds`` (when the last step was logged: its
-``time``, else when it was observed), ``training_step_seconds`` (seconds per step between the
-last two records that advanced) and ``training_record_interval_seconds`` (seconds between
-those records). A hung job's exporter thread still answers scrapes: its step stops, its
+stall rule ``training_last_step_timestamp_seconds`` (when the job logged its last step: the
+moment ``observe`` saw it, on the job's clock, which is the one that matters on a live job and
+is not fooled by a record's own ``time`` being from another clock or another run),
+``training_step_seconds`` (seconds per step between the last two records that advanced) and
+``training_record_interval_seconds`` (seconds between those records). A hung job's exporter thread still answers scrapes: its step stops, its
 timestamp ages, and the rule fires. A scrape sees one
 step in each interval: a spike that lasts less than a scrape interval is invisible to
 Prometheus (the watcher, ``spikeops watch``, reads every step).
@@ -31,7 +32,8 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Iterator, Mapping
+import time
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 __all__ = ["PrometheusExporter", "GAUGES", "NONFINITE", "PROGRESS"]
@@ -59,16 +61,6 @@ def _split(addr: str) -> tuple[str, int]:
     if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
         raise ValueError(f"exporter address {addr!r}: HOST:PORT (PORT 0 picks a free one)")
     return host.strip("[]") or "0.0.0.0", int(port)
-
-
-def _seconds(value: Any) -> float:
-    """A record's ``time`` (ISO 8601 or Unix seconds) as Unix seconds; now when it has none."""
-    import time
-
-    from spikeops.timeparse import parse_any
-
-    moment = parse_any(value) if value is not None else None
-    return moment.timestamp() if moment is not None else time.time()
 
 
 def _value(value: Any) -> float | None:
@@ -120,7 +112,8 @@ class PrometheusExporter:
     """
 
     def __init__(self, addr: str = "0.0.0.0:9464", *, job_id: str, cluster: str | None = None,
-                 labels: Mapping[str, str] | None = None, serve: bool = True) -> None:
+                 labels: Mapping[str, str] | None = None, serve: bool = True,
+                 clock: Callable[[], float] = time.time) -> None:
         from prometheus_client import CollectorRegistry
 
         if not job_id:
@@ -132,6 +125,7 @@ class PrometheusExporter:
         self._record: Mapping[str, Any] = {}
         self._nonfinite = 0
         #: (seconds, step) of the last record that advanced the step, and the two intervals.
+        self._clock = clock
         self._last: tuple[float, float] | None = None
         self._intervals: tuple[float, float] | None = None
         self._lock = threading.Lock()
@@ -161,7 +155,7 @@ class PrometheusExporter:
                 self._nonfinite += 1
         step = _value(record.get("step"))
         if step is not None:
-            moment = _seconds(record.get("time"))
+            moment = self._clock()
             with self._lock:
                 if self._last is not None and step > self._last[1] and moment > self._last[0]:
                     self._intervals = ((moment - self._last[0]) / (step - self._last[1]), moment - self._last[0])
