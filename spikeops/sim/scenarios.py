@@ -8,7 +8,9 @@ Each scenario encodes the spec's "what shows it" column and the domain notes
 - numeric causes show in the global curves: a grad norm climbing before the spike, an LR
   that jumped or peaked too high, an fp16 loss scale collapsing through repeated overflow;
 - communication causes move every rank at once and leave NCCL/PyTorch lines, NIC counters
-  or mixed NCCL versions behind;
+  or mixed NCCL versions behind; a hang (one rank never enters a collective) or a collective
+  mismatch (some ranks issue another one) stops the step counter with no loss anomaly, and
+  leaves every rank's flight recorder dump and the processes' stacks on their nodes;
 - hardware causes are node-correlated: an Xid, ECC growth against the baseline, a link
   that went down, a GPU that throttles;
 - a checkpoint cause is a resume from a checkpoint whose manifest check failed.
