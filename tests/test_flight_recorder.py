@@ -333,3 +333,25 @@ def test_a_stall_with_nothing_that_names_the_rank_is_inconclusive_and_asks_for_t
     # a person decides the resume of a job nobody knows why it hung
     gate = approval_gate("auto-hardware", {**document, "resume_from": {"step": 30, "path": "/c/30"}}, stopped=True)
     assert gate.action == "resume" and gate.ask
+
+
+def test_a_pipeline_send_met_by_a_receive_of_another_size_is_a_mismatch(tmp_path: Path) -> None:
+    """Point-to-point ops: gloo does not record them, so these two dumps are built in NCCL's
+    layout (``nccl:send 0->1``, ``nccl:recv 1<-0``, ``is_p2p``), as the rule's own unit test."""
+    def entry(index: int, name: str, size: int, state: str = "completed") -> dict:
+        return {"record_id": index, "pg_id": 1, "process_group": ["1", "pp"], "collective_seq_id": 0,
+                "p2p_seq_id": index + 1, "op_id": index + 1, "profiling_name": name, "time_created_ns": 0,
+                "input_sizes": [[size]], "input_dtypes": ["BFloat16"], "output_sizes": [[size]],
+                "output_dtypes": ["BFloat16"], "state": state, "retired": state == "completed", "timeout_ms": 600000,
+                "is_p2p": True}
+
+    config = {"1": {"name": "1", "desc": "pp", "ranks": "[0, 1]"}}
+    sender = {"version": "2.7", "pg_config": config, "pg_status": {}, "entries": [
+        entry(0, "nccl:send 0->1", 4096), entry(1, "nccl:send 0->1", 8192, "started")]}
+    receiver = {"version": "2.7", "pg_config": config, "pg_status": {}, "entries": [
+        entry(0, "nccl:recv 1<-0", 4096), entry(1, "nccl:recv 1<-0", 4096, "started")]}
+    dumps = {0: json.dumps(sender).encode(), 1: json.dumps(receiver).encode()}
+    document = diagnose(_bundle(tmp_path / "b", dumps)).to_json()
+    finding = next(f for f in document["findings"] if f["cause"] == "collective_mismatch")
+    assert "send 0->1 of [[8192]] met a receive of [[4096]]" in finding["summary"]
+    assert finding["ranks"] == [0, 1] and document["culprit_nodes"] == []

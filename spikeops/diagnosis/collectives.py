@@ -234,21 +234,24 @@ def _mismatches(traces: dict[int, RankTrace]) -> list[tuple[str, int, dict[tuple
 
 def _p2p_mismatches(traces: dict[int, RankTrace]) -> list[tuple[str, str, list[EvidenceLine], list[int]]]:
     """Point-to-point ops (NCCL records them; gloo does not): the k-th send from a to b must
-    meet the k-th receive on b from a with the same sizes; a send met by a send the other way,
-    or by nothing while b waits on something else, is a misaligned pipeline."""
+    meet the k-th receive on b from a with the same sizes. Judged only where both rings hold
+    the same number of them (a ring that wrapped, or a side that is behind, cannot be paired
+    by position: that is a hang's question, not a mismatch's)."""
     out = []
     sends: dict[tuple[str, int, int], list[tuple[RankTrace, FrEntry]]] = {}
     recvs: dict[tuple[str, int, int], list[tuple[RankTrace, FrEntry]]] = {}
     for trace in traces.values():
         for entry in trace.dump.entries:
-            if not entry.is_p2p or entry.src is None or entry.dst is None:
+            if not entry.is_p2p or entry.src is None or entry.dst is None or entry.op not in ("send", "recv"):
                 continue
             key = (_group_key(entry), entry.src, entry.dst)
             (sends if entry.op == "send" else recvs).setdefault(key, []).append((trace, entry))
     for key, sent in sends.items():
         got = recvs.get(key, [])
-        for (s_trace, s_entry), (r_trace, r_entry) in zip(reversed(sent), reversed(got), strict=False):
-            if repr(s_entry.input_sizes) != repr(r_entry.input_sizes) and s_entry.input_sizes and r_entry.input_sizes:
+        if len(got) != len(sent):
+            continue
+        for (s_trace, s_entry), (r_trace, r_entry) in zip(sent, got, strict=True):
+            if s_entry.input_sizes and r_entry.input_sizes and repr(s_entry.input_sizes) != repr(r_entry.input_sizes):
                 out.append((key[0], f"send {key[1]}->{key[2]} of {s_entry.input_sizes} met a receive of "
                                     f"{r_entry.input_sizes}",
                             [_entry_line(s_trace, s_entry, "sends"), _entry_line(r_trace, r_entry, "receives")],
