@@ -52,6 +52,8 @@ SCENARIOS: dict[str, str] = {
     "nccl_error": "NCCL watchdog timeouts and IB completion errors; every rank jumps together",
     "network_congestion": "pause frames and discards rise on the NICs during the spike",
     "nccl_version_mismatch": "one node runs a different NCCL version than the rest of the job",
+    "collective_hang": "one rank never enters a collective: the job hangs; its flight recorder names the rank",
+    "collective_mismatch": "one node's ranks issue another collective than the rest: a hang, a software fault",
     "overlong_sample": "a sample far beyond max_length in the spike step's batch",
     "corrupted_sample": "empty samples in the spike step's batch",
     "rng_not_restored": "after a resume the data order differs (RNG not restored); the loss creeps up",
@@ -297,7 +299,7 @@ def _approver(say: Callable[[str], None], stop: threading.Event) -> None:
 
 
 def _watch(metrics: Path, last_step: int, say: Callable[[str], None], found: list[Any],
-           stop: threading.Event, timeout: float, short: bool = False) -> None:
+           stop: threading.Event, timeout: float, short: bool = False, story_end: float | None = None) -> None:
     from spikeops.watch.detect import Detector, WatchConfig
     from spikeops.watch.sources import follow_log, follow_metrics
 
@@ -310,6 +312,11 @@ def _watch(metrics: Path, last_step: int, say: Callable[[str], None], found: lis
             found.append(anomaly)
             return
         if detector.last_step is not None and detector.last_step >= last_step:
+            # the replayed job stops logging here: the silence the watcher would see until the
+            # scenario's alert (its steps carry the scenario's own times) is a stall or not
+            stalled = detector.tick(story_end) if story_end is not None else None
+            if stalled is not None:
+                found.append(stalled)
             return
 
 
@@ -402,6 +409,15 @@ def _await_alert(inbox: _AlertInbox, followed: Path, say: Callable[[str], None],
             size, quiet_since = now_size, time.monotonic()
         elif size >= 0 and time.monotonic() - quiet_since > _QUIET_S:
             return
+
+
+def _story_end(scenario: Path) -> float | None:
+    """When the scenario's alert fired (its incident's window end), in its own clock."""
+    from spikeops.timeparse import parse_any
+
+    window = json.loads((scenario / "incident.json").read_text()).get("window") or {}
+    moment = parse_any(window.get("end"))
+    return moment.timestamp() if moment is not None else None
 
 
 def _last_step(scenario: Path) -> int:
@@ -498,10 +514,11 @@ def run_demo(options: DemoOptions, out: TextIO = sys.stdout) -> DemoResult:
                                        name="demo-alerts", daemon=True)
             _start_monitoring(directory, inbox, exporter, stack, say, options.keep)
         else:
-            watcher = threading.Thread(target=_watch, args=(followed, last_step, say, found, stop, 300.0, real),
+            watcher = threading.Thread(target=_watch, args=(followed, last_step, say, found, stop, 300.0, real,
+                                                            None if real else _story_end(scenario)),
                                        name="demo-watch", daemon=True)
             say(f"watcher: following {followed} (NaN, robust-z spikes of loss and grad norm, "
-                "loss-scale collapse, throughput drop)")
+                "loss-scale collapse, throughput drop, a stalled step counter)")
         watcher.start()
         api = prefect_server.ready()
         say(f"prefect: ephemeral server at {api} (database in {directory / 'prefect'}"
@@ -694,7 +711,8 @@ def _summarise(result: DemoResult, say: Callable[[str], None]) -> None:
     for finding in (diagnosis.get("findings") or [])[:1]:
         say(f"  why: {finding.get('summary')}")
         for evidence in (finding.get("evidence") or [])[:3]:
-            say(f"    {evidence.get('file')}:{evidence.get('line')}: {str(evidence.get('text'))[:120]}")
+            where = evidence.get("file") + ("" if evidence.get("line") is None else f":{evidence['line']}")
+            say(f"    {where}: {str(evidence.get('text'))[:120]}")
     for ruled in (diagnosis.get("ruled_out") or [])[:2]:
         say(f"  ruled out ({ruled.get('layer')}): {ruled.get('why')}")
     acted = [a for a in outcome.get("actions") or [] if a.get("outcome") in ("done", "dry-run")]

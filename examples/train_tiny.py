@@ -41,6 +41,17 @@ places rank i on the i-th node: under srun a rank is the index of its node there
   so the loss goes to NaN or explodes. Keyed by the node the process runs on: a replay
   elsewhere computes right, a replay on that node is corrupted again (persistently); a
   ``--flip-once`` upset never recurs in a replay.
+- ``--inject-hang NODE_OR_RANK --hang-at STEP``: that rank's data loader never returns at
+  STEP, so it never enters the step's gradient all-reduce and every other rank waits in it
+  (a hang: no NaN, no spike, the step counter stops). ``--inject-mismatch NODE_OR_RANK
+  --mismatch-at STEP``: that rank broadcasts its gradients where the others all-reduce them
+  (a collective mismatch). With ``TORCH_FR_BUFFER_SIZE`` set, each rank dumps torch's flight
+  recorder to ``$TORCH_FR_DUMP_TEMP_FILE<rank>`` once no step has completed for
+  ``--fr-dump-after`` seconds (``spikeops.train.FlightRecorderDump``: gloo has no watchdog
+  that dumps; ``--fr-json`` for torch's JSON form). ``--collective-timeout`` is gloo's (a hung
+  collective raises after it). ``--spawn`` starts each rank as its own program (as srun
+  does) instead of forking it, so its environment (``SPIKEOPS_NODE``, ``RANK``) is what
+  ``/proc/PID/environ`` shows: how the collector finds a node's processes.
 - The replay gate (``SPIKEOPS_REPLAY=RUN``, ``SPIKEOPS_REPLAY_UNTIL=STEP``,
   ``SPIKEOPS_REPLAY_OUT=DIR``, checkpoint in ``SPIKEOPS_RESUME_FROM``): restores the
   checkpoint, the RNG and so the data order, runs deterministically through STEP and writes
@@ -68,6 +79,7 @@ import os
 import random
 import shutil
 import socket
+import subprocess
 import sys
 import time
 import warnings
@@ -99,6 +111,7 @@ from spikeops.train import (  # noqa: E402
     on_checkpoint_saved,
     restore_state,
 )
+from spikeops.train.flight_recorder import FlightRecorderDump  # noqa: E402
 from spikeops.train.replay import ReplayRecorder, deterministic  # noqa: E402
 from spikeops.train.remedies import ENV_RANK_NODES  # noqa: E402
 
@@ -235,6 +248,25 @@ class BitFlip:
         return flip_bit(output, self.bit)
 
 
+class Fault:
+    """A rank that hangs in its data loader at a step, or issues another collective there.
+    Keyed like ``BitFlip``: a node name, or a rank number."""
+
+    def __init__(self, target: str | None, at: int | None) -> None:
+        self.target, self.at = target, at
+
+    def due(self, step: int, rank: int, node: str) -> bool:
+        return self.target is not None and self.at == step and (
+            self.target == node or (self.target.isdigit() and int(self.target) == rank))
+
+
+def wait_for_shard(shard: str) -> None:
+    """The data loader of a rank whose storage stopped answering: it never returns (the
+    process stays alive, as a hung job's do, until it is stopped)."""
+    while True:
+        time.sleep(1.0)
+
+
 # ---------------------------------------------------------------------------- the world
 class World:
     """The ranks this process computes and how their gradients meet: the 4 fake ranks of one
@@ -248,7 +280,8 @@ class World:
         """The process that writes the job-wide files (rank 0's)."""
         return 0 in self.ranks
 
-    def reduce(self, local: dict[int, list[torch.Tensor]]) -> list[torch.Tensor]:
+    def reduce(self, local: dict[int, list[torch.Tensor]], odd: bool = False) -> list[torch.Tensor]:
+        """``odd``: this rank broadcasts where its peers all-reduce (a collective mismatch)."""
         if not self.distributed:
             grads = [torch.zeros_like(g) for g in local[self.ranks[0]]]
             for rank in self.ranks:
@@ -257,7 +290,10 @@ class World:
             return grads
         mine = local[self.ranks[0]]
         flat = torch.cat([g.reshape(-1) for g in mine])
-        dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+        if odd:
+            dist.broadcast(flat, src=0)
+        else:
+            dist.all_reduce(flat, op=dist.ReduceOp.SUM)
         flat.div_(self.size)
         out, offset = [], 0
         for g in mine:
@@ -318,7 +354,8 @@ def join_world() -> World:
             raise SystemExit("--distributed: set MASTER_PORT (or run under Slurm, which gives a job id to derive it from)")
         os.environ["MASTER_PORT"] = str(10000 + int(env["SLURM_JOB_ID"]) % 20000)
     torch.set_num_threads(1)  # one process per node here: no oversubscription, and a fixed reduction order
-    dist.init_process_group("gloo", rank=rank, world_size=size, timeout=timedelta(seconds=120))
+    timeout = float(env.get("SPIKEOPS_COLLECTIVE_TIMEOUT") or 120)
+    dist.init_process_group("gloo", rank=rank, world_size=size, timeout=timedelta(seconds=timeout))
     nodes = dict(enumerate(_gather_nodes(node, size)))
     return World(size, [rank], nodes, distributed=True)
 
@@ -342,7 +379,7 @@ def _worker_argv(argv: list[str]) -> list[str]:
         if skip:
             skip = False
             continue
-        if item == "--launch":
+        if item in ("--launch", "--spawn"):
             continue
         if item == "--nodes":
             skip = True
@@ -353,6 +390,26 @@ def _worker_argv(argv: list[str]) -> list[str]:
     return [*out, "--distributed"]
 
 
+class _Spawned:
+    """A rank started as its own program, with the few methods ``launch`` uses of a Process."""
+
+    def __init__(self, popen: Any) -> None:
+        self.popen = popen
+
+    @property
+    def exitcode(self) -> int | None:
+        return self.popen.poll()
+
+    def is_alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def terminate(self) -> None:
+        self.popen.terminate()
+
+    def join(self) -> None:
+        self.popen.wait()
+
+
 def _worker(argv: list[str], env: dict[str, str]) -> None:
     os.environ.update(env)
     result = main(argv)
@@ -360,7 +417,7 @@ def _worker(argv: list[str], env: dict[str, str]) -> None:
         _print_result(result)
 
 
-def launch(argv: list[str], nodes_arg: str | None) -> int:
+def launch(argv: list[str], nodes_arg: str | None, spawn: bool = False) -> int:
     """Start one process per node (rank i on the i-th node) and wait for all of them; the
     first failure stops the others. Nodes: $SPIKEOPS_RANK_NODES (a replay's placement), else
     --nodes, else the local scheduler's $SPIKEOPS_JOB_NODES. The processes are forked from
@@ -374,10 +431,14 @@ def launch(argv: list[str], nodes_arg: str | None) -> int:
         raise SystemExit("--launch: no nodes (give --nodes, or run under a scheduler that sets SPIKEOPS_JOB_NODES)")
     port = _free_port()
     context = multiprocessing.get_context("fork")
-    processes = []
+    processes: list[Any] = []
     for rank, node in enumerate(nodes):
         env = {"RANK": str(rank), "WORLD_SIZE": str(len(nodes)), "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
                "MASTER_PORT": str(port), "SPIKEOPS_NODE": node}
+        if spawn:
+            processes.append(_Spawned(subprocess.Popen([sys.executable, str(Path(__file__).resolve()),
+                                                        *_worker_argv(argv)], env={**os.environ, **env})))
+            continue
         process = context.Process(target=_worker, args=(_worker_argv(argv), env), name=f"rank{rank}@{node}")
         process.start()
         processes.append(process)
@@ -416,6 +477,20 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     group.add_argument("--nodes", default=None, metavar="NODES", help="node names, rank order (a,b or n[1-4]); implies --launch")
     group.add_argument("--distributed", action="store_true",
                        help="be one rank of a torch.distributed job (RANK/WORLD_SIZE, srun, or $SPIKEOPS_RANK_NODES)")
+    group.add_argument("--spawn", action="store_true",
+                       help="with --launch/--nodes: start each rank as its own program (as srun does) instead of a fork")
+    group.add_argument("--collective-timeout", type=float, default=None, metavar="S",
+                       help="gloo's collective timeout (default 120 s; $SPIKEOPS_COLLECTIVE_TIMEOUT)")
+    group.add_argument("--fr-dump-after", type=float, default=60.0, metavar="S",
+                       help="with TORCH_FR_BUFFER_SIZE: dump the flight recorder after S seconds without a step")
+    group.add_argument("--fr-json", action="store_true", help="dump the flight recorder as JSON (default: pickle)")
+    group = parser.add_argument_group("fault injection (a hung or misaligned collective)")
+    group.add_argument("--inject-hang", default=None, metavar="NODE_OR_RANK",
+                       help="this rank's data loader never returns at --hang-at: the others wait in the all-reduce")
+    group.add_argument("--hang-at", type=int, default=None, metavar="STEP")
+    group.add_argument("--inject-mismatch", default=None, metavar="NODE_OR_RANK",
+                       help="this rank broadcasts its gradients at --mismatch-at where the others all-reduce them")
+    group.add_argument("--mismatch-at", type=int, default=None, metavar="STEP")
     group = parser.add_argument_group("fault injection (a silently corrupting GPU)")
     group.add_argument("--inject-flip", default=None, metavar="NODE_OR_RANK",
                        help="flip a bit in the first matmul's output on this node (or rank number)")
@@ -426,6 +501,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.inject_flip is not None and args.flip_from is None:
         parser.error("--inject-flip needs --flip-from STEP")
+    if (args.inject_hang is None) != (args.hang_at is None):
+        parser.error("--inject-hang and --hang-at go together")
+    if (args.inject_mismatch is None) != (args.mismatch_at is None):
+        parser.error("--inject-mismatch and --mismatch-at go together")
+    if args.collective_timeout is not None:
+        os.environ["SPIKEOPS_COLLECTIVE_TIMEOUT"] = f"{args.collective_timeout:g}"
     return args
 
 
@@ -442,7 +523,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         raise SystemExit("spikeops replay: no checkpoint to replay from (SPIKEOPS_RESUME_FROM or --resume-from)")
     if (args.launch or args.nodes) and not args.distributed:
         deterministic()  # its lazy imports (seconds) once here, not once per forked rank
-        code = launch(list(sys.argv[1:] if argv is None else argv), args.nodes)
+        code = launch(list(sys.argv[1:] if argv is None else argv), args.nodes, spawn=args.spawn)
         if code:
             raise SystemExit(code)
         return {"lead": False, "launched": True}  # rank 0's process has printed the run's summary
@@ -507,6 +588,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             raise SystemExit(f"spikeops replay: step {replay.until} is not after the checkpoint's step "
                              f"{first_step - 1} (or past the run's last step {args.steps})")
 
+    hang = Fault(args.inject_hang, args.hang_at)
+    mismatch = Fault(args.inject_mismatch, args.mismatch_at)
+    recorder_dump = None
+    if world.distributed and replay is None and os.environ.get("TORCH_FR_BUFFER_SIZE", "0") not in ("", "0"):
+        recorder_dump = FlightRecorderDump(world.ranks[0], after_s=args.fr_dump_after, as_json=args.fr_json)
+    if world.distributed and world.lead and replay is None:
+        # the job's own description from the start, so an incident opened while it runs (or
+        # hangs) knows which rank runs where; the final one below replaces it
+        early = {"job": {"id": f"train-tiny-{args.seed}", "scheduler": "slurm" if os.environ.get("SLURM_JOB_ID")
+                         else "local", "name": "train-tiny", "nodes": list(dict.fromkeys(world.nodes[r]
+                                                                                 for r in sorted(world.nodes))),
+                         "gpus_per_node": 1, "max_length": args.max_length, "started": iso(started),
+                         "ranks": {str(r): n for r, n in sorted(world.nodes.items())}, "resumed_from": resumed_from}}
+        (out / "incident.json").write_text(json.dumps(early, indent=1) + "\n")
     metrics = None if replay is not None else MetricsLogger(out, flush_every=20, rank=min(world.ranks))
     recorder = None
     if replay is not None:
@@ -542,6 +637,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         for rank, indices in enumerate(draw_indices(world.size)):
             if rank not in world.ranks:
                 continue
+            if hang.due(step, rank, world.nodes[rank]):
+                if metrics is not None:
+                    metrics.close()  # what it logged so far is on disk, as a real job's would be
+                log.warning("rank %d: the data loader does not return at step %d (injected hang)", rank, step)
+                wait_for_shard(dataset[indices[0]]["shard"])
             raw = [dataset[i] for i in indices]
             batch = list(filter_samples(raw, max_length=args.max_length, tokens=lambda s: s["tokens"],
                                         set_tokens=lambda s, cut: {**s, "tokens": cut}, key=lambda s: s["id"],
@@ -582,7 +682,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             if metrics is not None:
                 metrics.rank_row(step, loss=rank_losses[rank], grad_norm=rank_norms[rank], rank=rank)
 
-        grads = world.reduce(local)
+        grads = world.reduce(local, odd=any(mismatch.due(step, r, world.nodes[r]) for r in world.ranks))
         if recorder is not None:
             reduced = torch.cat([g.reshape(-1) for g in grads])
             for rank in world.ranks:
@@ -597,6 +697,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         if math.isfinite(loss) and math.isfinite(clip.norm):
             optimizer.step()
         losses[step], norms[step] = loss, clip.norm
+        if recorder_dump is not None:
+            recorder_dump.progress(step)
         if metrics is not None:
             metrics.step(step, loss=loss, lr=optimizer.param_groups[0]["lr"], grad_norm=clip.norm,
                          tokens=tokens_trained)
@@ -611,6 +713,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     if metrics is not None:
         metrics.close()
+    if recorder_dump is not None:
+        recorder_dump.close()
     for pending in manifests:  # the background manifests must be on disk before they are verified
         if hasattr(pending, "result"):
             pending.result()

@@ -141,6 +141,8 @@ def _respond(settings: IncidentSettings, slots: IncidentSlots, logger: Any, line
             outcome["observed"] = protection.observed
     if collecting is not None:
         finish_incident_collection(collecting, notifier=notifier)
+    if protection is not None:  # a hung job was kept alive for its stacks and flight recorder
+        protection.collected(notifier)
     if settings.baseline_dir:  # counters are read as growth since the nodes' last healthy capture
         logger.info("baselines: %s", "; ".join(bundle_baselines(settings.baseline_dir, bundle, nodes)))
     # diagnose

@@ -43,7 +43,7 @@ def watch_job(job: str, cluster: str | None = None, metrics: str | None = None, 
     spikeops_config.flow_parameters(job, cluster)  # an unknown cluster fails now, not hours later
     stats = SourceStats()
     records = open_source(settings, metrics=metrics, log=log, prometheus=prometheus, queries=queries,
-                          from_start=from_start, once=once, timeout=timeout_s, stats=stats)
+                          from_start=from_start, once=once, timeout=timeout_s, stats=stats, idle=not once)
     started: list[dict[str, Any]] = []
 
     def fire(anomaly: Anomaly) -> str | None:

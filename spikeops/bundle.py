@@ -43,6 +43,8 @@ __all__ = [
     "BundleWriter",
     "open_bundle",
     "probe_kind_for",
+    "ARCHIVES",
+    "unpack_archive",
     "atomic_write",
     "AtomicSink",
 ]
@@ -60,7 +62,13 @@ PROBE_FILES: dict[str, str] = {
     "nccl-version.txt": "nccl-version",
     "train.log": "training-log",
     "nvml.json": "nvml-json",
+    "ncclras.txt": "ncclras",
 }
+#: Probes whose output is a tar archive of several files, unpacked into a folder of the node
+#: (the archive itself is a transport, not kept): folder -> the kind of each file in it.
+ARCHIVES: dict[str, str] = {"flight-recorder": "flight-recorder", "stacks": "py-spy"}
+#: Files one archive may bring (a node with thousands of ranks' dumps is not a node).
+MAX_ARCHIVE_FILES = 4096
 _ETHTOOL = re.compile(r"^ethtool-(?P<iface>[^/]+)\.txt$")
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@+-]*$")
 
@@ -71,7 +79,56 @@ def probe_kind_for(filename: str) -> str | None:
         return PROBE_FILES[filename]
     if _ETHTOOL.match(filename):
         return "ethtool"
+    if filename.endswith(".tar") and filename[:-4] in ARCHIVES:
+        return ARCHIVES[filename[:-4]]
     return None
+
+
+def unpack_archive(archive: Path, folder: Path) -> tuple[list[str], str | None]:
+    """Unpack a probe's tar archive into ``folder``: regular files only, each under its own
+    plain name (a path, a link, a device or a name that is not plain is skipped), each
+    written atomically. Returns the names written and, when the archive could not be read
+    to its end (cut at the probe's cap, or corrupt), why; the files before that are kept."""
+    import tarfile
+
+    written: list[str] = []
+    problem: str | None = None
+    skipped = 0
+    try:
+        with tarfile.open(archive, mode="r:", ignore_zeros=True) as tar:
+            while True:
+                try:
+                    member = tar.next()
+                except (tarfile.TarError, EOFError, OSError) as exc:
+                    problem = f"the archive is cut or corrupt after {len(written)} file(s) ({exc})"
+                    break
+                if member is None:
+                    break
+                name = member.name.removeprefix("./")
+                if not member.isreg() or "/" in name or not _SAFE_NAME.match(name) or name in written:
+                    skipped += 1
+                    continue
+                if len(written) >= MAX_ARCHIVE_FILES:
+                    problem = f"more than {MAX_ARCHIVE_FILES} files: the rest were not kept"
+                    break
+                try:
+                    handle = tar.extractfile(member)
+                    data = handle.read() if handle is not None else b""
+                except (tarfile.TarError, EOFError, OSError) as exc:
+                    problem = f"the archive is cut inside {name} ({exc}); {len(written)} file(s) kept"
+                    break
+                if len(data) != member.size:
+                    problem = f"the archive is cut inside {name}; {len(written)} file(s) kept"
+                    break
+                atomic_write(folder / name, data)
+                written.append(name)
+    except (tarfile.TarError, EOFError, OSError) as exc:
+        problem = f"not a readable tar archive ({exc})"
+    if skipped and problem is None:
+        problem = f"{skipped} archive member(s) that are not plain files were skipped"
+    if not written and problem is None and archive.stat().st_size:
+        problem = "no file could be read from the archive (not a tar archive?)"
+    return written, problem
 
 
 def atomic_write(path: Path, data: bytes, *, sync_dir: bool = False) -> None:
@@ -174,16 +231,25 @@ class Bundle:
         return bundle_files.parse_probes(path.read_text(encoding="utf-8", errors="replace"))
 
     def probe_files(self, node: str, *, baseline: bool = False) -> list[Path]:
-        """Raw probe outputs (``*.txt``, ``*.log``, ``*.xml``, ``*.json``) of a node."""
+        """Raw probe outputs (``*.txt``, ``*.log``, ``*.xml``, ``*.json``) of a node, then the
+        files of its unpacked folders (``flight-recorder/``, ``stacks/``)."""
         folder = self.node_dir(node) / "baseline" if baseline else self.node_dir(node)
         if not folder.is_dir():
             return []
-        return sorted(p for p in folder.iterdir() if p.is_file() and probe_kind_for(p.name))
+        files = sorted(p for p in folder.iterdir() if p.is_file() and probe_kind_for(p.name))
+        for name in ARCHIVES:
+            if (folder / name).is_dir():
+                files.extend(sorted(p for p in (folder / name).iterdir() if p.is_file() and not p.name.startswith(".")))
+        return files
 
     def read_probe(self, node: str, filename: str, *, baseline: bool = False) -> Reading:
-        """Parse one probe file with the kind its name fixes; raises InputError if unreadable."""
+        """Parse one probe file with the kind its name fixes (``flight-recorder/NAME`` and
+        ``stacks/NAME`` by their folder); raises InputError if unreadable."""
         folder = self.node_dir(node) / "baseline" if baseline else self.node_dir(node)
-        kind = probe_kind_for(filename)
+        parent, _, name = filename.rpartition("/")
+        kind = ARCHIVES.get(parent) if parent else probe_kind_for(filename)
+        if parent and (kind is None or not _SAFE_NAME.match(name)):
+            raise InputError(f"{filename}: not a probe file of the bundle")
         return read_evidence(folder / filename, kind)
 
     def stderr_of(self, node: str, probe_file: str) -> str | None:
@@ -333,14 +399,37 @@ class BundleWriter:
         if not folder.is_dir():
             return []
         return sorted(p.name for p in folder.iterdir()
-                      if p.is_file() and (probe_kind_for(p.name) or p.name == "probes.json" or p.suffix == ".err"))
+                      if (p.is_file() and (probe_kind_for(p.name) or p.name == "probes.json" or p.suffix == ".err"))
+                      or (p.is_dir() and p.name in ARCHIVES and any(p.iterdir())))
 
     def clear_node(self, node: str, *, baseline: bool = False) -> None:
         """Remove a node's probe files before a new collection replaces them (the folder's
-        other files, and ``baseline/`` when clearing the current evidence, stay)."""
+        other files, and ``baseline/`` when clearing the current evidence, stay); the
+        unpacked folders (``flight-recorder/``, ``stacks/``) lose their files."""
         folder = self.node_folder(node, baseline=baseline)
         for name in self.existing_evidence(node, baseline=baseline):
-            (folder / name).unlink(missing_ok=True)
+            target = folder / name
+            if target.is_dir():
+                for item in target.iterdir():
+                    if item.is_file() or item.is_symlink():
+                        item.unlink(missing_ok=True)
+            else:
+                target.unlink(missing_ok=True)
+
+    def unpack_probe_archive(self, node: str, archive: str, *, baseline: bool = False) -> tuple[list[str], str | None]:
+        """Unpack ``archive`` (a probe's ``*.tar`` in the node's folder) into the folder of
+        the same name, and remove the archive (see ``unpack_archive``)."""
+        folder = self.node_folder(node, baseline=baseline)
+        source = folder / _check_name("probe file", archive)
+        target = folder / archive.removesuffix(".tar")
+        if archive.removesuffix(".tar") not in ARCHIVES:
+            raise BundleError(f"{archive!r} is not an archive probe of the bundle")
+        if not source.is_file():
+            return [], None
+        try:
+            return unpack_archive(source, target)
+        finally:
+            source.unlink(missing_ok=True)
 
     def write_probes_json(self, node: str, statuses: Iterable[ProbeStatus], *, baseline: bool = False) -> Path:
         document: dict[str, Any] = {}

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
-from spikeops.bundle import Bundle, open_bundle
+from spikeops.bundle import ARCHIVES, Bundle, open_bundle
 from spikeops.errors import BundleError, InputError
 from spikeops.probes.base import clip
 from spikeops.probes.bundle_files import summarize_incident
@@ -106,13 +106,14 @@ def _node_view(bundle: Bundle, node: str, missing: list[str]) -> NodeView:
             missing.append(f"nodes/{node}/{name}: {status.error}{_stderr_hint(bundle, node, name)}")
     for baseline, target in ((False, view.files), (True, view.baseline)):
         for path in bundle.probe_files(node, baseline=baseline):
-            relative = f"nodes/{node}/{'baseline/' if baseline else ''}{path.name}"
+            name = path.name if path.parent.name not in ARCHIVES else f"{path.parent.name}/{path.name}"
+            relative = f"nodes/{node}/{'baseline/' if baseline else ''}{name}"
             try:
-                reading = bundle.read_probe(node, path.name, baseline=baseline)
+                reading = bundle.read_probe(node, name, baseline=baseline)
             except InputError as exc:
                 missing.append(f"{relative}: {str(exc).split(': ', 1)[-1]}")
                 continue
-            target.append(_view(reading, path.name))
+            target.append(_view(reading, name))
     return view
 
 

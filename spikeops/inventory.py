@@ -84,6 +84,14 @@ class JobSettings:
     nccl_log: str | None = None
     train_log: str | None = None
     nccl_version: str | None = None
+    #: The job's ``TORCH_FR_DUMP_TEMP_FILE`` on a node (dumps are this prefix + the rank);
+    #: unset: read from the job's processes' environment, else torch's default.
+    flight_recorder: str | None = None
+    #: A command printing the job's process ids on a node, one a line (``scontrol listpids
+    #: {job}`` prints a header and more columns: the first column of digit lines is read);
+    #: unset: the processes whose environment holds ``SLURM_JOB_ID`` or
+    #: ``SPIKEOPS_LOCAL_JOB`` = the job (and, when they name one, this node).
+    pids: str | None = None
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from typing import Any
 
 from spikeops.errors import InputError, UnrecognisedInput
 from spikeops.probes import Gap, Kind, detect_kind, get_kind, kind_names, registry
-from spikeops.textio import ReadReport, iter_lines, open_binary, read_text, sniff
+from spikeops.textio import ReadReport, head_bytes, iter_lines, open_binary, read_bytes, read_text, sniff
 
 __all__ = ["Reading", "read_evidence", "is_empty"]
 
@@ -127,6 +127,21 @@ def _detect(path: Path, head: str) -> list[tuple[float, Kind]]:
     return sorted(scores.values(), key=lambda pair: (-pair[0], pair[1].name))
 
 
+#: The most a binary kind's file is read (its parser says what a real one weighs).
+MAX_BINARY_BYTES = 256 << 20
+
+
+def _read_binary(target: Path, kind: Kind, detected: bool, confidence: float | None) -> Reading:
+    report = ReadReport(path=str(target))
+    try:
+        report.size = target.stat().st_size
+    except OSError:
+        pass
+    result = kind.parse(read_bytes(target, report, max_bytes=MAX_BINARY_BYTES))
+    gaps = report.gaps() + list(getattr(result, "gaps", []))
+    return Reading(str(target), kind, result, report, gaps, detected, confidence)
+
+
 def read_evidence(
     path: str | Path,
     kind: str | None = None,
@@ -141,7 +156,18 @@ def read_evidence(
     target = Path(path)
     if target.is_dir():
         return _read_directory(target, kind)
-    head, report = sniff(target)
+    try:
+        head, report = sniff(target)
+    except InputError:
+        raw = head_bytes(target)  # InputError itself when missing or empty
+        if kind is not None:
+            forced = _resolve_kind(kind)
+            if forced.binary:
+                score = forced.detect_bytes(raw) if forced.detect_bytes else None
+                return _read_binary(target, forced, False, score)
+        elif (claims := detect_kind(raw)):
+            return _read_binary(target, claims[0][1], True, claims[0][0])
+        raise
     detected = kind is None
     confidence: float | None = None
     if kind is None:
@@ -154,6 +180,8 @@ def read_evidence(
     else:
         chosen = _resolve_kind(kind)
         confidence = float(chosen.detect(head))
+    if chosen.binary:
+        return _read_binary(target, chosen, detected, confidence)
     if chosen.streaming:
         result = chosen.parse(iter_lines(target, report, progress=progress))
     else:

@@ -38,7 +38,8 @@ ENV_DATA_FILTER = "SPIKEOPS_DATA_FILTER"
 #: The variables a job may be handed; anything else in an action's ``env`` is refused
 #: (a diagnosis is data, and data must not set LD_PRELOAD on a production job).
 _ALLOWED_FOREIGN = {"NCCL_DEBUG", "NCCL_DEBUG_SUBSYS", "NCCL_DEBUG_FILE", "TORCH_DISTRIBUTED_DEBUG",
-                    "TORCH_NCCL_ASYNC_ERROR_HANDLING"}
+                    "TORCH_NCCL_ASYNC_ERROR_HANDLING", "TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE",
+                    "TORCH_NCCL_DUMP_ON_TIMEOUT"}
 _NAME = re.compile(r"^[A-Z_][A-Z0-9_]{0,63}$")
 _VALUE = re.compile(r"^[A-Za-z0-9_.:/+@%=-]{0,4096}$")
 
@@ -51,6 +52,10 @@ _FOR_A_PERSON = {
     "check_cooling": "check the cooling and power capping of {nodes}",
     "quarantine_checkpoint": "find out what wrote the checkpoint that failed its checksums ({path}); "
                              "the flow marks it quarantined",
+    "check_ranks": "find out why rank(s) {ranks} on {nodes} never joined the collective (their stacks are in "
+                   "the bundle)",
+    "fix_parallel_config": "fix the parallel configuration: rank(s) {ranks} issued another collective than their "
+                           "peers (a software fault; resuming the same code hangs again)",
 }
 #: ... and for a checkpoint that verifies but gave the same anomaly after every resume from it.
 _POISONED = ("find out why the run fails again after every load of {path} (it verifies: its state, not its files, "
@@ -148,6 +153,13 @@ def resume_plan(actions: Iterable[Mapping[str, Any]], findings: Iterable[Mapping
         elif kind == "filter_data":
             plan.env[ENV_DATA_FILTER] = "max_length:empty" if "length" in str(action.get("filter", "")) else "empty"
             plan.applied.append(f"filter the data ({action.get('filter') or 'empty samples'})")
+        elif kind == "enable_flight_recorder":
+            wanted = {str(k): str(v) for k, v in (action.get("env") or {"TORCH_FR_BUFFER_SIZE": "2000"}).items()}
+            try:
+                plan.env.update(check_env(wanted))
+            except ValueError:
+                plan.env["TORCH_FR_BUFFER_SIZE"] = "2000"
+            plan.applied.append("flight recorder on (TORCH_FR_BUFFER_SIZE)")
         elif kind == "enable_nccl_debug":
             wanted = {str(k): str(v) for k, v in (action.get("env") or {"NCCL_DEBUG": "INFO"}).items()}
             try:

@@ -4,14 +4,16 @@ The incident flow asks these functions what to do at each fork and does the I/O 
 the rules that decide whether a job is stopped, a node drained or a job resumed can be read
 in one place and tested without Prefect, a scheduler or a cluster:
 - ``protective_move``: stop at once for a NaN or a spike that does not recover; observe a
-  single spike; leave anything else running (the matrix's "Protect" column);
+  single spike; keep a stalled (hung) job alive until its stacks and flight recorder are
+  collected, then stop it; leave anything else running (the matrix's "Protect" column);
 - ``approval_gate``: whether a drain or a resume needs a person, the policy's own answer
   otherwise (``always`` asks for every action, ``auto-hardware`` lets a confident hardware
   conviction through, ``never`` never drains);
 - ``must_stop_before_resume`` and ``resume_decision``: a job is resumed only when it was
   stopped, from a verified checkpoint, without every convicted node, and (where asked) with a
   person's yes. Silence is a no. An inconclusive diagnosis (the evidence could not be read)
-  never resumes a stopped job on the policy's word alone.
+  never resumes a stopped job on the policy's word alone, nor does a software fault (a
+  collective mismatch: the same code would hang again).
 """
 
 from __future__ import annotations
@@ -22,12 +24,17 @@ from typing import Any, Literal
 
 from spikeops.inventory import fold_nodes
 
-__all__ = ["STOP_AT_ONCE", "APPROVAL_POLICIES", "AUTO_APPROVE_CONFIDENCE", "Gate", "protective_move",
+__all__ = ["STOP_AT_ONCE", "STOP_AFTER_COLLECTION", "SOFTWARE_FAULTS", "APPROVAL_POLICIES", "AUTO_APPROVE_CONFIDENCE", "Gate", "protective_move",
            "approval_gate", "must_stop_before_resume", "resume_decision", "describe_actions", "outcome_summary",
            "SUCCESS", "UNSURE", "REPLAY_BELOW", "replay_wanted"]
 
 #: The symptoms for which the seed's matrix says "stop training, preserve state".
 STOP_AT_ONCE = frozenset({"instant_nan", "spike_no_recovery"})
+#: A hung job: its stacks and flight recorder need its live processes, so it is stopped only
+#: once the evidence is collected (it trains nothing meanwhile).
+STOP_AFTER_COLLECTION = frozenset({"stalled"})
+#: Causes a resume cannot fix (the code is wrong): a person decides when to resume.
+SOFTWARE_FAULTS = frozenset({"collective_mismatch"})
 APPROVAL_POLICIES = ("always", "auto-hardware", "never")
 #: ``auto-hardware`` drains without asking only at or above this confidence.
 AUTO_APPROVE_CONFIDENCE = 0.8
@@ -36,13 +43,15 @@ UNSURE = frozenset({"inconclusive"})
 #: Action outcomes that leave the intended state in place (the idempotent repeat included).
 SUCCESS = ("done", "nothing-to-do", "dry-run")
 
-Move = Literal["stop", "observe", "none"]
+Move = Literal["stop", "observe", "stop_after_collection", "none"]
 
 
 def protective_move(symptom: str | None, *, observe_steps: int = 50) -> Move:
     """The matrix's first column: what protects the run before anything is known."""
     if symptom in STOP_AT_ONCE:
         return "stop"
+    if symptom in STOP_AFTER_COLLECTION:
+        return "stop_after_collection"
     if symptom == "single_spike" and observe_steps > 0:
         return "observe"
     return "none"
@@ -84,6 +93,9 @@ def approval_gate(policy: str, diagnosis: Mapping[str, Any], *, stopped: bool, c
         if primary.get("cause") in UNSURE:  # nothing known: a person decides, whatever the policy
             return Gate("resume", ask=True, question=f"resume from {resume_from.get('path')} although the diagnosis "
                                                      f"is {primary.get('cause')} ({remediation})")
+        if primary.get("cause") in SOFTWARE_FAULTS:  # the same code hangs again: only after a fix
+            return Gate("resume", ask=True, question=f"resume from {resume_from.get('path')} once the parallel "
+                                                     f"configuration is fixed ({primary.get('cause')}; {remediation})")
     return Gate(None)
 
 

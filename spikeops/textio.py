@@ -19,7 +19,7 @@ from typing import BinaryIO
 from spikeops.errors import InputError
 from spikeops.probes.base import Gap
 
-__all__ = ["ReadReport", "open_binary", "sniff", "iter_lines", "read_text", "HEAD_BYTES"]
+__all__ = ["ReadReport", "open_binary", "sniff", "head_bytes", "read_bytes", "iter_lines", "read_text", "HEAD_BYTES"]
 
 #: How much of a file detection looks at.
 HEAD_BYTES = 64 * 1024
@@ -113,18 +113,43 @@ def sniff(path: str | Path) -> tuple[str, ReadReport]:
         report.size = Path(path).stat().st_size
     except OSError:
         pass
+    head = head_bytes(path, report)
+    if _looks_binary(head):
+        raise InputError(f"{path}: binary data, not tool output (no parser reads it)")
+    text = "\n".join(_decode(line, report) for line in head.split(b"\n"))
+    return text, report
+
+
+def head_bytes(path: str | Path, report: ReadReport | None = None) -> bytes:
+    """The raw head of a file (gzip undone), for detecting binary formats; InputError when
+    it cannot be opened or is empty."""
     with open_binary(path) as handle:
-        report.compressed = isinstance(handle, gzip.GzipFile)
+        if report is not None:
+            report.compressed = isinstance(handle, gzip.GzipFile)
         try:
             head = handle.read(HEAD_BYTES)
         except (OSError, EOFError, gzip.BadGzipFile) as exc:
             raise InputError(f"{path}: unreadable ({exc})") from exc
     if not head:
         raise InputError(f"{path}: file is empty")
-    if _looks_binary(head):
-        raise InputError(f"{path}: binary data, not tool output (no parser reads it)")
-    text = "\n".join(_decode(line, report) for line in head.split(b"\n"))
-    return text, report
+    return head
+
+
+def read_bytes(path: str | Path, report: ReadReport | None = None, *, max_bytes: int) -> bytes:
+    """A whole binary file, up to ``max_bytes`` (the cut is recorded in ``report``): for
+    the formats that are not text (a flight recorder pickle)."""
+    report = report if report is not None else ReadReport(path=str(path))
+    with open_binary(path) as handle:
+        report.compressed = isinstance(handle, gzip.GzipFile)
+        try:
+            data = handle.read(max_bytes + 1)
+        except (OSError, EOFError, gzip.BadGzipFile) as exc:
+            raise InputError(f"{path}: unreadable ({exc})") from exc
+    if len(data) > max_bytes:
+        data = data[:max_bytes]
+        report.truncated_at = max_bytes
+    report.bytes_read = len(data)
+    return data
 
 
 def _read_chunks(handle: BinaryIO, report: ReadReport, max_bytes: int | None) -> Iterator[bytes]:

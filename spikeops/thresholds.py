@@ -18,6 +18,7 @@ __all__ = [
     "RATIO_SHORT", "CLIMB_RISES", "CLIMB_REL", "ABSURD_LOSS", "ABSURD_LR", "MIN_POINTS",
     "JUMP_WINDOW", "JUMP_QUANTILE", "JUMP_FACTOR", "JUMP_MIN_HISTORY", "ROUTINE_MEMORY", "ROUTINE_MARGIN",
     "ORDER_OF_MAGNITUDE", "PERSIST_POINTS", "ROUTINE_CEILING",
+    "STALL_FACTOR", "STALL_MIN_S", "stall_threshold",
 ]
 
 #: A spike is this many noise units above the running level...
@@ -73,3 +74,18 @@ ORDER_OF_MAGNITUDE = 10.0
 #: An excursion still up after this many logged points did not come back: an incident, routine
 #: size or not, short history or long (the observation window of a single spike).
 PERSIST_POINTS = 5
+#: A job is stalled when no new step came for this many times its typical step time...
+STALL_FACTOR = 10.0
+#: ...and never less than this (seconds): a checkpoint save or an evaluation pauses the step
+#: counter for minutes in a healthy run.
+STALL_MIN_S = 300.0
+
+
+def stall_threshold(step_seconds: float, log_seconds: float, *, factor: float = STALL_FACTOR,
+                    minimum: float = STALL_MIN_S) -> float:
+    """Seconds of silence after the last logged step that make a stall: ``factor`` x the
+    typical step time (at least ``minimum``), plus the typical interval between logged
+    steps (a job that logs every 100 steps is silent that long between two healthy lines,
+    and the counter may have stopped anywhere in it). The diagnosis, the watcher and the
+    Prometheus rule (infra/monitoring) apply the same rule."""
+    return max(factor * max(step_seconds, 0.0), minimum) + max(log_seconds, 0.0)

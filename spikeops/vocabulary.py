@@ -20,6 +20,8 @@ LAYER_OF: dict[str, str] = {
     "nccl_error": "communication",
     "network_congestion": "communication",
     "nccl_version_mismatch": "communication",
+    "collective_hang": "communication",
+    "collective_mismatch": "communication",
     "gpu_xid": "hardware",
     "gpu_ecc": "hardware",
     "ib_link_flap": "hardware",
@@ -34,4 +36,5 @@ HISTORY_CAUSES: dict[str, str] = {
 }
 #: Investigation order (the seed's framework), then checkpoint integrity and "none".
 LAYERS: tuple[str, ...] = ("data", "numeric", "communication", "hardware", "checkpoint", "none")
-SYMPTOMS: tuple[str, ...] = ("instant_nan", "single_spike", "spike_no_recovery", "creeping_increase", "none")
+SYMPTOMS: tuple[str, ...] = ("instant_nan", "single_spike", "spike_no_recovery", "creeping_increase", "none",
+                             "stalled")

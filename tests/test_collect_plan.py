@@ -19,7 +19,11 @@ def _names(planned) -> list[str]:
 
 def test_default_probe_set_is_the_bundle_specs() -> None:
     planned = plan_probes(parse_inventory(BASE), "4412", "gpu-001")
-    assert _names(planned) == ["nvidia-smi-q", "kernel", "ibstat", "ib-counters", "nccl-version", "nvml"]
+    assert _names(planned) == ["nvidia-smi-q", "kernel", "ibstat", "ib-counters", "nccl-version", "nvml",
+                               "flight-recorder", "stacks", "ncclras"]
+    # a baseline at job start has no hang to record: no flight recorder, stacks or RAS
+    baseline = plan_probes(parse_inventory(BASE), "4412", "gpu-001", baseline=True)
+    assert _names(baseline) == ["nvidia-smi-q", "kernel", "ibstat", "ib-counters", "nccl-version", "nvml"]
     by_name = {probe.name: probe for probe in planned}
     assert by_name["nvidia-smi-q"].command == "nvidia-smi -q"
     assert by_name["nvidia-smi-q"].filename == "nvidia-smi-q.txt"

@@ -140,3 +140,22 @@ def test_later_demos_start_prefect_from_the_cached_migrated_database(tmp_path: P
     assert "from the cached migrated one" not in third and "DIAGNOSIS: false_alarm" in third
     with sqlite3.connect(template) as db:  # made again from the third demo's fresh database
         assert db.execute("select count(*) from alembic_version").fetchone()[0] == 1
+
+
+def test_hang_demo_names_the_rank_from_the_flight_recorder_and_resumes(tmp_path: Path) -> None:
+    """A job that stops with no NaN and no spike: the watcher calls it stalled, the flow keeps it
+    running while it collects the flight recorder, names the rank that never joined the
+    collective and its node, drains nothing and resumes."""
+    from spikeops.sim.cluster import scratch
+
+    with scratch("spikeops-demo-hang-") as root:  # not tmp_path: the nodes' login user must reach it
+        stdout, directory = _demo(root, "collective_hang", "--scheduler", "local", "--nodes", "4")
+        assert _leftovers(directory) == []
+    expected = build_bundle(tmp_path / "expected", "collective_hang", seed=default_seed("collective_hang"), nodes=4)
+    assert "watcher: stalled at step" in stdout
+    assert "collective_hang (communication layer" in _line(stdout, "DIAGNOSIS:")
+    assert _line(stdout, "  culprit nodes:").endswith("none")
+    why = _line(stdout, "  why:")
+    assert f"rank(s) {expected.culprit_ranks[0]} on " in why and "never entered it" in why
+    assert "drain" not in _line(stdout, "DONE:") and "resubmitted" in _line(stdout, "DONE:")
+    assert "stopping the job" in stdout  # after the collection, not before

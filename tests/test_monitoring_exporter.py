@@ -58,3 +58,22 @@ def test_fields_never_logged_have_no_series_and_bad_input_is_refused() -> None:
     unserved = PrometheusExporter(job_id="8", serve=False)
     unserved.observe({"step": 3, "loss": 1.0})
     assert 'training_step{job_id="8"} 3.0' in unserved.text() and unserved.address is None
+
+
+def test_the_stall_gauges_say_when_the_last_step_came_and_how_long_steps_took() -> None:
+    """What TrainingStalled reads: a job logging every 10 steps of 2 s (records 20 s apart),
+    timed by the job's clock when it logs (a record's own ``time`` may be another clock's)."""
+    now = [1000.0]
+    exporter = PrometheusExporter(job_id="9", serve=False, clock=lambda: now[0])
+    assert "training_last_step_timestamp_seconds" not in exporter.text()  # nothing yet
+    exporter.observe({"step": 100, "time": "2020-01-01T00:00:00Z", "loss": 2.0})
+    assert "training_last_step_timestamp_seconds" in exporter.text() and "training_step_seconds" not in exporter.text()
+    now[0] = 1020.0
+    exporter.observe({"step": 110, "loss": 2.0})
+    now[0] = 1030.0
+    exporter.observe({"step": 110, "loss": 2.0})  # the same step again: no progress
+    now[0] = 1040.0
+    exporter.observe({"step": 120, "loss": 2.0})
+    families = {family.name: family.samples[0].value for family in text_string_to_metric_families(exporter.text())}
+    assert families["training_last_step_timestamp_seconds"] == 1040.0
+    assert families["training_step_seconds"] == 2.0 and families["training_record_interval_seconds"] == 20.0

@@ -5,8 +5,9 @@
   (warmup, LR decay, 0.5-3 % noise, an fp16 scale that searches down from 2^32, checkpoint and
   eval dips, steps of 1 to 20 s), scraped as Prometheus would every 15 s (the usual setting) and
   every 1 s (the fastest sensible one): healthy runs never fire anything over hours, and a NaN,
-  an infinite loss, a NaN between two scrapes, a spike, a loss-scale collapse and a throughput
-  drop each fire their alert, with the labels the receiver maps, within a bounded delay.
+  an infinite loss, a NaN between two scrapes, a spike, a loss-scale collapse, a throughput
+  drop and a stall (a hung job: its exporter still answers, its step stands still) each fire
+  their alert, with the labels the receiver maps, within a bounded delay.
 
 "Never fires" is checked exhaustively, not at sampled times: the rule engine writes every
 evaluation to the ``ALERTS`` series, and ``count_over_time(ALERTS{alertstate="firing"}[...])``
@@ -51,7 +52,7 @@ def _run(argv: list[str], cwd: Path | None = None) -> subprocess.CompletedProces
 def test_promtool_checks_the_rules() -> None:
     result = _run([_tool("promtool"), "check", "rules", str(RULES)])
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "SUCCESS: 8 rules found" in result.stdout
+    assert "SUCCESS: 9 rules found" in result.stdout
 
 
 @pytest.mark.parametrize("name", ["alertmanager.yml", "alertmanager-local.yml"])
@@ -84,18 +85,27 @@ class Job:
     curve: Curve
     start: float = 0.0
     labels: dict[str, str] = field(default_factory=dict)
+    #: A hung job: its last step is the curve's last, but its exporter answers until then
+    #: (seconds of the job's own clock); None: the target goes when the last step is done.
+    alive_until: float | None = None
 
     def series(self, interval: float, duration: float) -> list[dict[str, str]]:
         """promtool input_series: each metric sampled at every scrape; ``_`` before the job's
         first step, ``stale`` once after its last (the target is gone), then ``_``."""
         times = np.arange(0.0, duration + interval / 2, interval) - self.start
         index = np.searchsorted(self.curve.seconds, times, side="right") - 1
-        ended = times > self.curve.seconds[-1] + interval
+        ended = times > (self.alive_until if self.alive_until is not None else self.curve.seconds[-1] + interval)
         nonfinite = np.cumsum(~np.isfinite(self.curve.loss))
+        # the exporter's stall gauges: when each step was logged (on Prometheus's clock), the
+        # seconds per step and between records since the previous one (every step is a record)
+        logged = self.curve.seconds + self.start
+        gaps = np.diff(self.curve.seconds, prepend=self.curve.seconds[0] - (self.curve.seconds[1] - self.curve.seconds[0]))
         fields = {"training_step": self.curve.step.astype(float), "training_loss": self.curve.loss,
                   "training_lr": self.curve.lr, "training_grad_norm": self.curve.grad_norm,
                   "training_tokens_per_second": self.curve.throughput,
-                  "training_nonfinite_loss_total": nonfinite.astype(float)}
+                  "training_nonfinite_loss_total": nonfinite.astype(float),
+                  "training_last_step_timestamp_seconds": logged, "training_step_seconds": gaps,
+                  "training_record_interval_seconds": gaps}
         if self.curve.loss_scale is not None:
             fields["training_loss_scale"] = self.curve.loss_scale
         labels = {"job_id": self.job_id, "cluster": "sim", "instance": "gpu-001:9464",
@@ -247,6 +257,40 @@ def _drop(curve: Curve, k: int) -> None:
     """A slow node: 45 % of the throughput from here on."""
     curve.throughput[k:] *= 0.45
     _retime(curve)
+
+
+@pytest.mark.parametrize(("interval", "duration"), SETTINGS)
+def test_a_hung_job_fires_stalled_and_a_long_pause_does_not(tmp_path: Path, interval: float, duration: float) -> None:
+    """A job that stops stepping with its exporter alive fires TrainingStalled once 10 step
+    times (at least 5 minutes) and a record interval have passed, not before; another job
+    whose steps pause for 4 minutes (a checkpoint save) and go on never fires it."""
+    onset = duration * 0.6
+    curve = _long_enough(5, duration + 1800)
+    k = _at(curve, onset)
+    step_s = float(np.median(np.diff(curve.seconds[max(1, k - 300):k + 1])))
+    threshold = max(10 * step_s, 300.0) + step_s
+    hung = Curve(**{name: (value[:k + 1] if isinstance(value, np.ndarray) else value)
+                    for name, value in vars(curve).items()})
+    last = float(hung.seconds[-1])
+    pause = healthy(7, 6000)
+    j = _at(pause, onset)
+    pause.seconds[j:] += 240.0  # four minutes between two steps, then on as before
+    jobs = [Job("hung", hung, alive_until=duration + 60), Job("pause", pause)]
+    before = int((last + threshold - 2 * interval) // interval) * interval
+    after = int(math.ceil((last + threshold + 3 * interval) / interval)) * interval
+    labels = ('{alertname="TrainingStalled", alertstate="firing", cluster="sim", instance="gpu-001:9464", '
+              'job="training", job_id="hung", severity="page", stall_factor="10", stall_min_s="300"}')
+    checks = [
+        {"expr": f'count_over_time(ALERTS{{alertstate="firing"}}[{int(before)}s])', "eval_time": f"{int(before)}s",
+         "exp_samples": []},
+        {"expr": f'max_over_time(ALERTS{{alertstate="firing", alertname="TrainingStalled"}}[{int(interval)}s])',
+         "eval_time": f"{int(after)}s",
+         "exp_samples": [{"labels": labels, "value": 1}]},
+        {"expr": f'count_over_time(ALERTS{{alertstate="firing", job_id="pause"}}[{int(after)}s])',
+         "eval_time": f"{int(after)}s", "exp_samples": []},
+    ]
+    assert pause.seconds[-1] > after  # the paused job is still running when the check is made
+    _promtool_test(tmp_path, f"stall-{interval:g}s", interval, jobs, after + interval, checks)
 
 
 @pytest.mark.parametrize(("interval", "duration"), SETTINGS)

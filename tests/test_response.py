@@ -24,7 +24,8 @@ def _diagnosis(layer="hardware", cause="gpu_xid", confidence=0.95, culprits=("gp
 
 @pytest.mark.parametrize("symptom, move", [
     ("instant_nan", "stop"), ("spike_no_recovery", "stop"), ("single_spike", "observe"),
-    ("creeping_increase", "none"), ("none", "none"), ("unknown", "none"), (None, "none")])
+    ("creeping_increase", "none"), ("none", "none"), ("unknown", "none"), (None, "none"),
+    ("stalled", "stop_after_collection")])
 def test_the_matrix_stops_for_nan_and_no_recovery_and_observes_a_single_spike(symptom, move):
     assert protective_move(symptom) == move
 
@@ -117,3 +118,17 @@ def test_an_inconclusive_diagnosis_never_resumes_a_stopped_job_on_the_policy_alo
         assert gate.action == "resume" and gate.ask, policy
     assert "inconclusive" in approval_gate("auto-hardware", unsure, stopped=True).question
     assert approval_gate("auto-hardware", unsure, stopped=False).action is None  # still running: nothing to resume
+
+
+def test_a_hang_resumes_on_the_policy_a_collective_mismatch_only_with_a_person():
+    """collective_hang convicts nobody and a resume is what the matrix says; a mismatch is a
+    software fault: the same code would hang again, so a person decides, whatever the policy."""
+    hang = _diagnosis(layer="communication", cause="collective_hang", confidence=0.85, culprits=())
+    assert approval_gate("auto-hardware", hang, stopped=True).action is None
+    assert resume_decision(Gate(None), True, "", stopped=True, can_resume=True, resume_from=CKPT, culprits=[],
+                           excluded=[]) == (True, None)
+    mismatch = _diagnosis(layer="communication", cause="collective_mismatch", confidence=0.9, culprits=())
+    for policy in ("auto-hardware", "never", "always"):
+        gate = approval_gate(policy, mismatch, stopped=True)
+        assert gate.action == "resume" and gate.ask, policy
+    assert "parallel configuration" in approval_gate("auto-hardware", mismatch, stopped=True).question

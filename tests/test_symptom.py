@@ -115,3 +115,51 @@ def test_restart_relogged_steps_are_handled_upstream():
 
     steps = np.array([1, 2, 3, 4, 5, 3, 4, 5, 6])
     assert _later_run_wins(steps).tolist() == [True, True, False, False, False, True, True, True, True]
+
+
+# --------------------------------------------------------------------------- stalled
+
+
+def _timed(n: int, step_s: float, end: pd.Timestamp) -> pd.DataFrame:
+    data = frame(2.0 + 0.01 * np.sin(np.arange(n)))
+    data["time"] = pd.to_datetime([end - pd.Timedelta(seconds=step_s * (n - 1 - i)) for i in range(n)], utc=True)
+    return data
+
+
+def test_a_step_counter_that_stopped_is_stalled_only_past_the_rule_and_inside_the_window():
+    last = pd.Timestamp("2026-11-29T12:00:00Z")
+    data = _timed(100, 6.0, last)
+    window_start = last - pd.Timedelta(minutes=30)
+    quiet = classify(data, now=last + pd.Timedelta(seconds=305), since=window_start)
+    assert quiet.symptom == "none"  # 300 s minimum + one 6 s record interval not yet passed
+    hung = classify(data, now=last + pd.Timedelta(seconds=1800), since=window_start)
+    assert hung.symptom == "stalled" and hung.spike_step == hung.onset_step == int(data.index[-1])
+    assert hung.silent_seconds == 1800.0 and hung.step_seconds == 6.0 and "no step after" in hung.notes[0]
+    # the window says when the incident is: a bundle made long after a run, or one whose
+    # window ends before the last step, or one without a window, is no stall
+    assert classify(data, now=last + pd.Timedelta(days=400), since=last + pd.Timedelta(days=399)).symptom == "none"
+    assert classify(data, now=last - pd.Timedelta(minutes=5), since=window_start).symptom == "none"
+    assert classify(data).symptom == "none"
+
+
+def test_a_loss_anomaly_before_the_silence_is_what_it_is_not_a_stall():
+    last = pd.Timestamp("2026-11-29T12:00:00Z")
+    data = _timed(100, 6.0, last)
+    data.loc[data.index[-1], ["loss", "loss_bad"]] = [np.nan, True]
+    assert classify(data, now=last + pd.Timedelta(hours=1), since=last - pd.Timedelta(hours=1)).symptom == "instant_nan"
+
+
+def test_slow_steps_and_sparse_logging_raise_the_stall_threshold():
+    from spikeops.diagnosis.symptom import StallRule
+
+    last = pd.Timestamp("2026-11-29T12:00:00Z")
+    data = _timed(50, 1000.0, last)  # a line every 100 steps of 10 s
+    data.index = np.arange(0, 5000, 100)
+    since = last - pd.Timedelta(hours=3)
+    # max(10 x 10 s, 300 s) + the 1,000 s between two lines
+    assert classify(data, now=last + pd.Timedelta(seconds=1299), since=since).symptom == "none"
+    assert classify(data, now=last + pd.Timedelta(seconds=1301), since=since).symptom == "stalled"
+    short = StallRule(factor=3, minimum=5)
+    fast = _timed(30, 0.1, last)
+    assert classify(fast, now=last + pd.Timedelta(seconds=5.05), since=since, stall_rule=short).symptom == "none"
+    assert classify(fast, now=last + pd.Timedelta(seconds=5.2), since=since, stall_rule=short).symptom == "stalled"

@@ -201,6 +201,116 @@ def test_no_new_incident_before_the_cooldown_or_while_unhealthy() -> None:
         ("loss_spike", 1500), ("loss_spike", 1560)]
 
 
+# --------------------------------------------------------------------------- stalls
+
+
+class _Clock:
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_stalled_job_fires_once_after_its_threshold_and_a_checkpoint_pause_does_not() -> None:
+    """Steps of 6 s: silence is a stall beyond max(10 x 6 s, 300 s) + one record interval;
+    a 4-minute checkpoint save is not one; the stall is one incident until steps come again."""
+    rows = healthy(70, n=200).records()
+    start = time.time() - 10_000
+    clock = _Clock(start)
+    detector = Detector(clock=clock)
+    for i, row in enumerate(rows):
+        row["time"] = start + 6.0 * i
+        if i == 120:
+            start += 240.0  # a four-minute checkpoint save before step 120
+            row["time"] = start + 6.0 * i
+        clock.now = row["time"] + 1
+        assert detector.feed(row) is None
+        assert detector.tick(clock.now + (200 if i == 119 else 0)) is None
+    last = rows[-1]["time"]
+    assert detector.tick(last + 305.0) is None  # 300 s + 6 s not yet passed
+    anomaly = detector.tick(last + 310.0)
+    assert anomaly is not None and anomaly.kind == "stalled" and anomaly.step == rows[-1]["step"]
+    assert 309.0 < anomaly.value < 311.0 and anomaly.rule == {"stall_factor": "10", "stall_min_s": "300"}
+    assert "no step after" in anomaly.detail
+    assert detector.tick(last + 900.0) is None  # one incident
+    payload = alert_payload(anomaly, "4412", "sim")
+    assert payload["alertname"] == "TrainingStalled" and payload["stall_factor"] == "10"
+    # steps come again and stay healthy: the incident closes, a new stall is a new incident
+    more = healthy(71, n=400).records()
+    t0 = last + 1000.0
+    for i, row in enumerate(more):
+        row["step"] = rows[-1]["step"] + 1 + i
+        row["time"] = t0 + 6.0 * i
+        detector.feed(row)
+    again = detector.tick(more[-1]["time"] + 400.0)
+    assert again is not None and again.kind == "stalled" and len(detector.incidents) == 2
+
+
+def test_stall_thresholds_scale_with_slow_steps_and_sparse_logging() -> None:
+    """A job logging every 100 steps of 10 s is silent 1,000 s between healthy lines: a stall
+    only after 10 x 10 s... at least 300 s, plus those 1,000 s."""
+    detector = Detector(WatchConfig(stall_factor=10, stall_min_s=300), clock=_Clock(0.0))
+    for i in range(12):
+        detector.feed({"step": 100 * i, "time": 1000.0 * i, "loss": 2.0})
+    last = 11_000.0
+    assert detector.tick(last + 1200.0) is None
+    assert detector.tick(last + 1301.0).kind == "stalled"
+    # the configured rule: a shorter minimum
+    quick = Detector(WatchConfig(stall_factor=3, stall_min_s=5), clock=_Clock(0.0))
+    for i in range(10):
+        quick.feed({"step": i, "time": 0.1 * i, "loss": 2.0})
+    assert quick.tick(0.9 + 5.0) is None and quick.tick(0.9 + 5.2).kind == "stalled"
+    # a single record says nothing about the step time: no stall judged
+    lone = Detector(clock=_Clock(0.0))
+    lone.feed({"step": 1, "time": 0.0, "loss": 2.0})
+    assert lone.tick(1e6) is None
+
+
+def test_records_without_time_use_the_clock_and_a_restart_starts_over() -> None:
+    clock = _Clock(100.0)
+    detector = Detector(WatchConfig(stall_min_s=30), clock=clock)
+    for i in range(30):
+        clock.now = 100.0 + i
+        detector.feed({"step": i, "loss": 2.0})
+    clock.now = 129.0 + 31.5
+    assert detector.tick() is not None
+    resumed = Detector(WatchConfig(stall_min_s=30), clock=clock)
+    for step in (5, 6, 7, 3, 4):  # a resumed job re-logs older steps: the old pace is forgotten
+        clock.now += 1
+        resumed.feed({"step": step, "loss": 2.0})
+    assert resumed.stall(clock.now + 10) is None
+
+
+def test_watch_ticks_on_idle_polls_and_on_repeated_prometheus_values(tmp_path: Path) -> None:
+    """The loop asks for a stall when the source has nothing new (a None from the source) or
+    when the record repeats the last step (a gauge that stopped)."""
+    clock = _Clock(0.0)
+    detector = Detector(WatchConfig(stall_factor=3, stall_min_s=5), clock=clock)
+    records: list[dict[str, Any] | None] = [{"step": i, "time": float(i), "loss": 2.0} for i in range(10)]
+    records += [None, {"step": 9, "time": 20.0, "loss": 2.0}]
+
+    def source():
+        for record in records:
+            clock.now = 9.0 + (3.0 if record is None else 20.0)
+            yield record
+
+    fired = watch(source(), detector, lambda anomaly: None)
+    assert [(a.kind, a.step) for a in fired] == [("stalled", 9)]  # from the repeated step, not the early poll
+
+
+def test_following_a_file_that_stops_growing_fires_a_stall(tmp_path: Path) -> None:
+    path = tmp_path / "metrics.jsonl"
+    now = time.time()
+    path.write_text(jsonl([{"step": i, "time": now - 3.0 + 0.1 * i, "loss": 2.0} for i in range(10)]))
+    fired = watch(follow_metrics(path, from_start=True, poll_s=0.05, timeout=20, idle=True),
+                  Detector(WatchConfig(stall_factor=3, stall_min_s=4)), lambda anomaly: None, max_incidents=1)
+    assert [(a.kind, a.step) for a in fired] == [("stalled", 9)]
+    # --once never waits, so never calls a file's end a stall
+    assert watch(follow_metrics(path, once=True, idle=False), Detector(WatchConfig(stall_min_s=1)),
+                 lambda anomaly: None) == []
+
+
 def test_thresholds_come_from_the_config() -> None:
     rows = healthy(42, n=2500).records()
     rows[1700]["loss"] *= 1.3

@@ -47,7 +47,7 @@ COMMANDS: tuple[tuple[str, str, str], ...] = (
     ("baselines", "spikeops.baselines:add_baselines_parser",
      "refresh per-node baselines and run the healthy-run control"),
     ("watch", "spikeops.watch.cli:add_parser",
-     "follow a job's metrics and start the incident flow on a NaN, spike, collapse or slowdown"),
+     "follow a job's metrics and start the incident flow on a NaN, spike, collapse, slowdown or stall"),
     ("incidents", "spikeops.ledger.cli:add_incidents_parser",
      "the incidents in the ledger: list, show one, report their cost"),
     ("ledger", "spikeops.ledger.cli:add_ledger_parser",

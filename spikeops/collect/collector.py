@@ -240,10 +240,30 @@ def _run_openssh(inventory: Inventory, target: Target, probes: list[PlannedProbe
         client.close()
 
 
+def _unpack(writer: BundleWriter, node: str, runs: list[ProbeRun], probes: list[PlannedProbe],
+            baseline: bool) -> None:
+    """Probes that print a tar archive (flight recorder dumps, stacks): unpacked into their
+    folder; an archive that could not be read to its end keeps the files before the cut,
+    and says why in the probe's stderr (and ``output-truncated`` when nothing else was)."""
+    archives = {probe.name: probe for probe in probes if probe.unpack}
+    for run in runs:
+        probe = archives.get(run.name)
+        if probe is None or not run.written:
+            continue
+        written, problem = writer.unpack_probe_archive(node, probe.filename, baseline=baseline)
+        if problem is not None:
+            note = f"spikeops: {problem}".encode()
+            run.stderr = run.stderr + (b"\n" if run.stderr and not run.stderr.endswith(b"\n") else b"") + note
+            if run.error is None and "cut" in problem:
+                run.error = "output-truncated"
+        if not written and run.error is None:
+            run.error = "command-failed"
+
+
 def _collect_node(inventory: Inventory, job: str, target: Target, writer: BundleWriter,
                   connector: Connector, baseline: bool, live: dict[str, Any]) -> NodeResult:
     t0 = time.monotonic()
-    probes = plan_probes(inventory, job, target.node)
+    probes = plan_probes(inventory, job, target.node, baseline=baseline)
     expected = {probe.name: probe.command for probe in probes}
     run = _run_openssh if inventory.ssh.client == "openssh" else _run_paramiko
     try:
@@ -257,6 +277,7 @@ def _collect_node(inventory: Inventory, job: str, target: Target, writer: Bundle
         return NodeResult(target.node, failure.outcome, failure.detail, time.monotonic() - t0,
                           address=target.hostname, client=inventory.ssh.client)
     runs = _plan_order(runs, probes)
+    _unpack(writer, target.node, runs, probes, baseline)
     for run_ in runs:
         _write_stderr(writer, target.node, run_, baseline)
     writer.write_probes_json(target.node, _statuses(runs), baseline=baseline)
@@ -294,7 +315,7 @@ def collect_nodes(
     live: dict[str, Any] = {}
     results: dict[str, NodeResult] = {}
     workers = max(1, min(fanout or inventory.ssh.fanout, len(targets) or 1))
-    budget = _node_budget(inventory, plan_probes(inventory, job, next(iter(targets), "node"))) + 5
+    budget = _node_budget(inventory, plan_probes(inventory, job, next(iter(targets), "node"), baseline=baseline)) + 5
     deadline = time.monotonic() + budget * math.ceil(len(targets) / workers) + 10
     pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="spikeops-collect")
     lock = threading.Lock()

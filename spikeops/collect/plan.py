@@ -55,6 +55,8 @@ class PlannedProbe:
     timeout: float
     max_bytes: int
     keep: str
+    #: The node folder the probe's tar archive is unpacked into (``RemoteProbe.unpack``).
+    unpack: str | None = None
 
 
 def check_job_id(job: str) -> str:
@@ -76,9 +78,29 @@ def _fill(template: str, job: str, node: str) -> str:
     return template.replace("{job}", shlex.quote(job)).replace("{node}", shlex.quote(node))
 
 
-def plan_probes(inventory: Inventory, job: str, node: str) -> list[PlannedProbe]:
+def _job_command(inventory: Inventory, name: str, job: str, node: str) -> tuple[str, str]:
+    """(what probes.json records, the script) of the flight recorder and stacks probes,
+    written around the job's processes (``spikeops.collect.jobside``). The dump prefix is a
+    literal path: job and node (checked names, no shell characters) are put in as they are,
+    and the whole is quoted once."""
+    from spikeops.collect.jobside import flight_recorder_command, stacks_command
+
+    pids = _fill(inventory.job.pids, job, node) if inventory.job.pids else None
+    which = f"the processes of job {job} ({inventory.job.pids})" if pids else f"the processes of job {job}"
+    if name == "stacks":
+        return f"py-spy dump --pid PID for each of {which}: tar of PID.txt", stacks_command(job, node, pids)
+    prefix = inventory.job.flight_recorder
+    if prefix:
+        prefix = prefix.replace("{job}", job).replace("{node}", node)
+    where = prefix or "$TORCH_FR_DUMP_TEMP_FILE of " + which
+    return (f"tar of the flight recorder dumps {where}<rank>",
+            flight_recorder_command(job, node, prefix, pids))
+
+
+def plan_probes(inventory: Inventory, job: str, node: str, *, baseline: bool = False) -> list[PlannedProbe]:
     """The probes for one node, minus the per-interface ones (``plan_interfaces`` adds those
-    once the node has said which interfaces it has)."""
+    once the node has said which interfaces it has); a baseline leaves out the probes of a
+    running job's state (flight recorder, stacks, RAS)."""
     from spikeops.probes import registry
     from spikeops.probes.base import remote_probes
 
@@ -89,9 +111,12 @@ def plan_probes(inventory: Inventory, job: str, node: str) -> list[PlannedProbe]
         settings = inventory.probes.get(probe.name)
         if settings is not None and not settings.enabled:
             continue
-        if probe.per_interface:
+        if probe.per_interface or (baseline and not probe.baseline):
             continue
         command = settings.command if settings and settings.command else probe.command
+        script = None
+        if probe.unpack and not (settings and settings.command):
+            command, script = _job_command(inventory, probe.name, job, node)
         if probe.needs:
             template = getattr(inventory.job, probe.needs)
             if not template:
@@ -101,17 +126,19 @@ def plan_probes(inventory: Inventory, job: str, node: str) -> list[PlannedProbe]
             command = inventory.job.nccl_version
         command = _fill(command, job, node)
         planned.append(_planned(inventory, probe.name, probe.name, probe.filename, probe.kind, command,
-                                probe.max_bytes, probe.keep))
+                                probe.max_bytes, probe.keep, probe.unpack, script))
     return planned
 
 
 def _planned(inventory: Inventory, key: str, name: str, filename: str, kind: str, command: str,
-             max_bytes: int, keep: str) -> PlannedProbe:
+             max_bytes: int, keep: str, unpack: str | None = None, script: str | None = None) -> PlannedProbe:
+    """``script``, when given, is what runs on the node; ``command`` (what probes.json
+    records) is then the one line that says what it does."""
     settings = inventory.probes.get(key)
     timeout = (settings.timeout if settings and settings.timeout else None) or inventory.ssh.command_timeout
     cap = (settings.max_bytes if settings and settings.max_bytes else None) or max_bytes
-    return PlannedProbe(name, filename, kind, command, remote_command(command, timeout, cap, keep),
-                        timeout, cap, keep)
+    return PlannedProbe(name, filename, kind, command, remote_command(script or command, timeout, cap, keep),
+                        timeout, cap, keep, unpack)
 
 
 def physical_interfaces(listing: Iterable[str]) -> list[str]:

@@ -23,7 +23,7 @@ ACTION_KINDS = (
     "stop_job", "preserve_state", "observe", "isolate_nodes", "skip_batches", "filter_data", "fix_rng_restore",
     "check_dataloader", "clip_grad", "detect_anomaly", "lr_test", "check_loss_scale", "enable_nccl_debug",
     "check_fabric", "align_nccl_version", "quarantine_checkpoint", "check_cooling", "collect_evidence", "resume",
-    "notify", "doubt_conviction",
+    "notify", "doubt_conviction", "check_ranks", "fix_parallel_config", "enable_flight_recorder",
 )
 
 #: Causes precise enough to act on at once, even for a spike that recovered.
@@ -57,6 +57,10 @@ def _cause_actions(primary: Finding, findings: list[Finding], culprits: list[str
         return actions
     if cause == "nccl_version_mismatch":
         return [{"kind": "align_nccl_version", "nodes": sorted(primary.nodes)}]
+    if cause == "collective_hang":
+        return [{"kind": "check_ranks", "ranks": sorted(primary.ranks), "nodes": sorted(primary.nodes)}]
+    if cause == "collective_mismatch":
+        return [{"kind": "fix_parallel_config", "ranks": sorted(primary.ranks), "why": primary.summary}]
     if cause == "thermal_throttle":
         return [{"kind": "check_cooling", "nodes": sorted(primary.nodes)}]
     return []
@@ -101,17 +105,28 @@ def plan_actions(
 ) -> list[dict[str, Any]]:
     if primary.cause == "false_alarm":
         return [{"kind": "notify", "why": "the metrics show nothing anomalous"}]
+    if primary.cause == "inconclusive" and symptom == "stalled":
+        # A hung job trains nothing: stopping it (its live state collected) loses nothing,
+        # but nothing says why it hung, so the resume is a person's call.
+        return [{"kind": "stop_job"}, {"kind": "preserve_state"},
+                {"kind": "collect_evidence", "what": list(collect or [])},
+                {"kind": "enable_flight_recorder", "env": {"TORCH_FR_BUFFER_SIZE": "2000"}},
+                {"kind": "notify", "why": "the job hung and nothing read names the rank it waits for: "
+                                          "resuming it is a person's call"}]
     if primary.cause == "inconclusive":
         return _inconclusive_actions(symptom, resume_from, collect)
     strong = primary.confidence >= 0.8 and primary.cause in _ACTIONABLE
     # A GPU or link fault the job printed without naming its node: a faulty node keeps
     # polluting the gradients (the seed), so the job stops until the node is found.
     untied = primary.cause in ("gpu_xid", "gpu_ecc", "ib_link_flap") and not culprits
-    stop = symptom in ("instant_nan", "spike_no_recovery", "creeping_increase") or bool(culprits) or strong or untied
+    # A stalled job trains no more: it is stopped once its live state (stacks, flight
+    # recorder) is collected, and resumed from the checkpoint before the step it never finished.
+    stop = symptom in ("instant_nan", "spike_no_recovery", "creeping_increase", "stalled") or bool(culprits) \
+        or strong or untied
     actions: list[dict[str, Any]] = []
     if stop:
         actions.append({"kind": "stop_job"})
-        if symptom in ("instant_nan", "spike_no_recovery") or culprits:
+        if symptom in ("instant_nan", "spike_no_recovery", "stalled") or culprits:
             actions.append({"kind": "preserve_state"})
     elif symptom != "unknown":  # nothing says the run is training on: nothing to observe
         actions.append({"kind": "observe", "steps": 50})
@@ -126,6 +141,10 @@ def plan_actions(
     for action in _cause_actions(primary, findings, culprits):
         if action not in actions:
             actions.append(action)
+    if symptom == "stalled" and not any(f.cause in ("collective_hang", "collective_mismatch") and f.evidence
+                                        and "flight-recorder/" in f.evidence[0].file for f in findings):
+        # the next hang must name its rank: the resumed job records its collectives
+        actions.append({"kind": "enable_flight_recorder", "env": {"TORCH_FR_BUFFER_SIZE": "2000"}})
     if symptom == "spike_no_recovery" and not any(a["kind"] == "lr_test" for a in actions) \
             and primary.layer in ("numeric", "data") and primary.cause not in ("overlong_sample", "corrupted_sample"):
         actions.append({"kind": "lr_test", "factor": 0.3})

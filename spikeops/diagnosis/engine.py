@@ -36,17 +36,17 @@ from pathlib import Path
 from collections.abc import Callable
 from typing import Any
 
-from spikeops.diagnosis import checkpoint, communication, data, hardware, history, numeric, replay
+from spikeops.diagnosis import checkpoint, collectives, communication, data, hardware, history, numeric, replay
 from spikeops.diagnosis.actions import plan_actions
 from spikeops.diagnosis.context import Context, build_context
 from spikeops.diagnosis.evidence import BundleFacts, load_bundle, with_fresh_checkpoints
 from spikeops.diagnosis.model import LAYERS, Diagnosis, EvidenceLine, Finding
-from spikeops.diagnosis.symptom import WINDOW, classify, throughput_drop
+from spikeops.diagnosis.symptom import WINDOW, StallRule, classify, throughput_drop
 from spikeops.thresholds import MIN_POINTS, SHORT_HISTORY
 
-__all__ = ["diagnose", "diagnose_facts", "classify_bundle", "focus_step", "ALL_RULES", "PRIMARY_THRESHOLD"]
+__all__ = ["diagnose", "diagnose_facts", "classify_bundle", "focus_step", "incident_time", "stall_rule", "ALL_RULES", "PRIMARY_THRESHOLD"]
 
-ALL_RULES = (*data.RULES, *numeric.RULES, *communication.RULES, *hardware.RULES, *checkpoint.RULES,
+ALL_RULES = (*data.RULES, *numeric.RULES, *communication.RULES, *collectives.RULES, *hardware.RULES, *checkpoint.RULES,
              replay.hardware_silent_data_corruption)
 #: A finding must reach this confidence to be the primary cause or to convict nodes.
 PRIMARY_THRESHOLD = 0.5
@@ -141,6 +141,14 @@ def _what_to_collect(ctx: Context) -> list[str]:
     """The evidence an inconclusive diagnosis needs next, from what was missing: unread
     metrics and nodes, and for an anomaly what each cause's rule needs and did not have."""
     wanted = []
+    if ctx.symptom.symptom == "stalled":
+        if not any(node.flight_recorder for node in ctx.reachable):
+            wanted.append("the job's flight recorder dumps (TORCH_FR_BUFFER_SIZE in the job; [job] flight_recorder "
+                          "in the inventory when they are not at $TORCH_FR_DUMP_TEMP_FILE)")
+        if not any(node.stacks for node in ctx.reachable):
+            wanted.append("py-spy dump of the job's processes while they are alive (py-spy on the nodes)")
+        if not any(node.ncclras is not None for node in ctx.reachable):
+            wanted.append("ncclras output (NCCL 2.24 or later) from a node of the job")
     frame = ctx.metrics.frame if ctx.metrics is not None else None
     if frame is None or not len(frame):
         wanted.append("the job's step metrics: metrics.jsonl, or its training log with the iteration/step lines")
@@ -239,6 +247,9 @@ def _inconclusive(ctx: Context, quiet: tuple[str, list[str], list[EvidenceLine]]
             summary += (f"; the strongest lead, below the bar of a finding: {lead.cause.replace('_', ' ')} at "
                         f"{lead.confidence:.2f} ({lead.summary[:160]})")
         evidence = _metrics_evidence(ctx, [ctx.spike], "spike")
+    elif symptom == "stalled":
+        summary = (f"the job stopped advancing after step {ctx.symptom.spike_step} (a hang: the seed's communication "
+                   "layer first), but nothing read says which rank it waits for, and no rule holds on what was read")
     else:
         summary = ("; ".join(ctx.symptom.unread) or "no step metrics could be judged") + ", and no rule holds on what was read"
     for output in ctx.outputs():
@@ -304,16 +315,48 @@ def classify_bundle(path: str | Path) -> Any:
     bundle = open_bundle(path)
     metrics, _ = load_metrics(bundle)
     frame = metrics.frame if metrics is not None else None
-    return classify(frame, focus_step(bundle.incident.window, metrics))
+    since, now = incident_time(bundle.incident)
+    return classify(frame, focus_step(bundle.incident.window, metrics), now=now, since=since,
+                    stall_rule=stall_rule(bundle.incident))
+
+
+def incident_time(incident: Any) -> tuple[Any, Any]:
+    """(start, end) of the incident's window: a stall is judged at its end, and must have
+    begun inside it (the spec's window is the span around the anomaly; a bundle put together
+    long after a run, or without a window, says nothing about whether its job hung)."""
+    window = incident.window
+    if window is None or window.end is None:
+        return None, None
+    return window.start, window.end
+
+
+def stall_rule(incident: Any) -> StallRule:
+    """The stall rule: the watcher that raised the alert may have its own ([watch]
+    stall_factor, stall_min_s, sent in the alert), else the defaults."""
+    payload = (incident.alert or {}).get("payload") if isinstance(incident.alert, dict) else None
+    values = {}
+    for place in (payload, (payload or {}).get("labels") if isinstance(payload, dict) else None):
+        if not isinstance(place, dict):
+            continue
+        for key, name in (("stall_factor", "factor"), ("stall_min_s", "minimum")):
+            try:
+                value = float(place[key]) if key in place else None
+            except (TypeError, ValueError):
+                value = None
+            if value is not None and 0 < value < 1e7:
+                values[name] = value
+    return StallRule(**values)
 
 
 def diagnose_facts(facts: BundleFacts) -> Diagnosis:
     """The diagnosis of an already-loaded bundle (pure over ``facts``)."""
     frame = facts.metrics.frame if facts.metrics is not None else None
     focus = _focus(facts)
-    symptom = classify(frame, focus)
+    since, now = incident_time(facts.incident)
+    symptom = classify(frame, focus, now=now, since=since, stall_rule=stall_rule(facts.incident))
     ctx = build_context(facts, symptom)
     findings = [finding for rule in ALL_RULES for finding in _run(rule, ctx)]
+    collectives.join_hardware(findings)
     _weigh(findings)
     findings.sort(key=_order)
     replay.apply_replay(findings, ctx)  # what re-executing the spike window said
@@ -324,8 +367,9 @@ def diagnose_facts(facts: BundleFacts) -> Diagnosis:
     holding = [f for f in causal if f.confidence >= PRIMARY_THRESHOLD]
     tentative = [f for f in causal if f.confidence >= TENTATIVE_THRESHOLD]
     quiet = _quiet_but(ctx) if symptom.symptom == "none" and not holding else None
-    if symptom.symptom == "unknown" and not holding:
+    if symptom.symptom in ("unknown", "stalled") and not holding:
         # Unread is not healthy: nothing says what happened, and nothing says all is well.
+        # A hang with nothing that names its rank is the same: say what to collect.
         primary = _inconclusive(ctx)
         findings.insert(0, primary)
     elif symptom.symptom == "none" and not holding and quiet is None:
@@ -350,7 +394,9 @@ def diagnose_facts(facts: BundleFacts) -> Diagnosis:
     else:
         culprit_ranks = sorted({rank for f in convicting for rank in f.ranks} | set(primary.ranks))
 
-    if primary.cause == "false_alarm" or (primary.cause == "inconclusive" and symptom.symptom not in DIRECTIONS):
+    if primary.cause == "inconclusive" and symptom.symptom == "stalled":
+        onset = symptom.onset_step  # the last step logged: a resume starts before it
+    elif primary.cause == "false_alarm" or (primary.cause == "inconclusive" and symptom.symptom not in DIRECTIONS):
         onset = None
     elif primary.cause in ("rng_not_restored", "corrupted_checkpoint", "poisoned_checkpoint") \
             and primary.onset_step is not None:

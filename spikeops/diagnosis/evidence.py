@@ -46,6 +46,7 @@ from spikeops.probes.bundle_files import (
     read_float,
 )
 from spikeops.probes.base import clip
+from spikeops.probes.slurm import fold_nodes
 from spikeops.reading import read_evidence
 from spikeops.timeparse import year_for
 
@@ -668,6 +669,15 @@ class NodeFacts:
     #: The job's own output on this node (``train.log``), and the hardware errors its
     #: ``nccl.log`` lines carry (a watchdog that died of an ECC error).
     output: list[JobOutput] = field(default_factory=list)
+    #: The job's flight recorder dumps found on this node, by file name (``flight-recorder/``).
+    flight_recorder: dict[str, Any] = field(default_factory=dict)
+    #: ``ncclras.txt``: NCCL RAS's job-wide view, as this node's client got it.
+    ncclras: Any = None
+    #: ``py-spy dump`` of the job's processes here, by file name (``stacks/PID.txt``).
+    stacks: dict[str, Any] = field(default_factory=dict)
+    #: Addresses the node is known by (the collector's, its ranks' NCCL bootstrap addresses):
+    #: NCCL RAS names nodes by IP address.
+    addresses: set[str] = field(default_factory=set)
 
     def file(self, name: str, *, baseline: bool = False) -> str:
         return f"nodes/{self.name}/{'baseline/' if baseline else ''}{name}"
@@ -679,7 +689,14 @@ _PROBE_FILES = {
     "ib-counters.txt": ("ib", "ib-counters"),
     "nccl.log": ("nccl", "nccl-log"),
     "nccl-version.txt": ("nccl_version", "nccl-version"),
+    "ncclras.txt": ("ncclras", "ncclras"),
 }
+#: Probes of the job's live state (flight recorder, stacks, NCCL RAS): a node without the tool or
+#: without a dump says the same as its neighbours, so their failures are said once per reason.
+_JOB_STATE_PROBES = frozenset({"flight-recorder", "stacks", "ncclras"})
+#: Entries of one flight recorder dump kept for the diagnosis: the newest, where a hang's
+#: frontier is (a ring of 20,000 entries per rank on a 2,048-rank job is not kept whole).
+MAX_FR_ENTRIES = 2000
 _SMI_FILES = (("nvidia-smi-q.txt", "nvidia-smi-q"), ("nvidia-smi-q.xml", "nvidia-smi-xml"), ("nvml.json", "nvml-json"))
 
 
@@ -755,6 +772,29 @@ _SYSLOG_DAY = re.compile(r"^(?P<mon>[A-Z][a-z]{2}) +(?P<day>\d{1,2}) \d{2}:\d{2}
 _MONTHS = "Jan Feb Mar Apr May Jun Jul Aug Sep Oct Nov Dec".split()
 
 
+def _read_folder(folder: Path, name: str, kind: str, facts: NodeFacts, into: dict[str, Any]) -> None:
+    """Every file of a node's ``flight-recorder/`` or ``stacks/`` as ``kind``; what could
+    not be read whole is a note (a truncated dump is a gap, never a healthy rank)."""
+    directory = folder / name
+    if not directory.is_dir():
+        return
+    for path in sorted(directory.iterdir(), key=lambda p: p.name)[:4096]:
+        if not path.is_file() or path.name.startswith("."):
+            continue
+        where = facts.file(f"{name}/{path.name}")
+        try:
+            result = read_evidence(path, kind).result
+        except (InputError, UnrecognisedInput) as exc:
+            facts.notes.append(f"{where}: {str(exc).split(': ', 1)[-1]}")
+            continue
+        gaps = [gap.reason for gap in getattr(result, "gaps", [])]
+        if kind == "flight-recorder" and not result.complete:
+            facts.notes.append(f"{where}: not read ({'; '.join(gaps[:2]) or 'no dump in it'})")
+        elif kind == "py-spy" and not result.processes:
+            facts.notes.append(f"{where}: no stack in it ({'; '.join(gaps[:2])})")
+        into[path.name] = result
+
+
 def load_node(bundle_path: str, node: str, reference: datetime | None = None) -> NodeFacts:
     """Parse one node's folder (run in a worker process for large bundles); ``reference``,
     the incident's time, dates the yearless syslog lines it holds."""
@@ -806,6 +846,11 @@ def load_node(bundle_path: str, node: str, reference: datetime | None = None) ->
         output = read_job_output(nccl, facts.file("nccl.log"), node, nccl=False, reference=reference)
         if output.errors is not None and output.errors.events:
             facts.output.append(output)
+    _read_folder(folder, "flight-recorder", "flight-recorder", facts, facts.flight_recorder)
+    for dump in facts.flight_recorder.values():
+        if len(dump.entries) > MAX_FR_ENTRIES:
+            dump.entries = dump.entries[-MAX_FR_ENTRIES:]
+    _read_folder(folder, "stacks", "py-spy", facts, facts.stacks)
     for path in sorted(folder.glob("ethtool-*.txt")):
         got = _read(folder, path.name, "ethtool", facts)
         if got is None:
@@ -906,10 +951,38 @@ def with_fresh_checkpoints(facts: BundleFacts) -> BundleFacts:
     return replace(facts, checkpoints=checkpoints, missing=kept[:at] + gaps + kept[at:])
 
 
+_IPV4 = re.compile(r"(?<![\d.])\d{1,3}(?:\.\d{1,3}){3}(?![\d.])")
+#: NCCL's ``ib0:fe80::1%ib0<0>``: after the interface's colon, up to the port's ``<``.
+_IPV6 = re.compile(r"^[^:]*:\[?([0-9a-fA-F]*(?::[0-9a-fA-F]*){2,7})(?:%[\w.-]+)?\]?<")
+
+
+def _addresses(path: Path, nodes: list[NodeFacts]) -> None:
+    """What each node is known by besides its name: the address the collector reached it
+    at (``collection.json``) and the addresses its ranks bootstrapped NCCL on (``nccl.log``:
+    ``Bootstrap : Using ib0:10.0.0.4<0>``), so NCCL RAS's "node 10.0.0.4" can be named."""
+    by_name = {facts.name: facts for facts in nodes}
+    try:
+        record = json.loads((path / "collection.json").read_text(encoding="utf-8"))
+        for entry in record.get("nodes") or []:
+            facts = by_name.get(str(entry.get("node")))
+            if facts is not None and isinstance(entry.get("address"), str):
+                facts.addresses.add(entry["address"])
+    except (OSError, ValueError, AttributeError, TypeError):
+        pass
+    for facts in nodes:
+        for process in (facts.nccl.processes.values() if facts.nccl is not None else ()):
+            text = process.bootstrap or ""
+            facts.addresses.update(_IPV4.findall(text))
+            six = _IPV6.match(text)
+            if six:
+                facts.addresses.add(six.group(1))
+
+
 def load_bundle(path: str | Path, *, workers: int | None = None) -> BundleFacts:
     """Open and read a bundle (BundleError if it cannot be opened at all)."""
     bundle = open_bundle(path)
     missing = list(bundle.missing)
+    grouped: dict[tuple[str, str], list[str]] = {}
     nodes, metrics, metric_notes = _load_nodes_and_metrics(bundle, workers)
     missing.extend(metric_notes)
     for facts in nodes:
@@ -921,10 +994,18 @@ def load_bundle(path: str | Path, *, workers: int | None = None) -> BundleFacts:
         for name, status in facts.probes.items():
             if status.error is not None:
                 hint = facts.stderr.get(name)
+                if name in _JOB_STATE_PROBES:  # the same on most nodes: said once per reason
+                    reason = f"{status.error}" + (f" ({hint.replace(facts.name, '<node>')})" if hint else "")
+                    grouped.setdefault((name, reason), []).append(facts.name)
+                    continue
                 missing.append(f"nodes/{facts.name}/{name}: {status.error}" + (f" ({hint})" if hint else ""))
         missing.extend(facts.notes)
+    for (name, reason), where in sorted(grouped.items()):
+        missing.append(f"{name} on {fold_nodes(where)}: {reason}" if len(where) > 1
+                       else f"nodes/{where[0]}/{name}: {reason}")
     collected = {facts.name for facts in nodes}
     missing.extend(f"nodes/{node}: not collected" for node in bundle.incident.job.nodes if node not in collected)
+    _addresses(bundle.path, nodes)
     checkpoints, gaps = read_checkpoints(bundle.path)
     missing.extend(gaps)
     output: list[JobOutput] = []

@@ -49,14 +49,17 @@ from spikeops.thresholds import (
     MIN_HISTORY,
     MIN_POINTS,
     RATIO_SHORT,
+    STALL_FACTOR,
+    STALL_MIN_S,
     REL_SPIKE,
     SHORT_HISTORY,
     WINDOW,
     Z_SPIKE,
+    stall_threshold,
 )
 
-__all__ = ["SymptomResult", "classify", "throughput_drop", "departures", "routine_jumps", "Z_SPIKE", "REL_SPIKE", "MIN_HISTORY",
-           "SHORT_HISTORY", "WINDOW"]
+__all__ = ["SymptomResult", "StallRule", "classify", "stall", "throughput_drop", "departures", "routine_jumps",
+           "Z_SPIKE", "REL_SPIKE", "MIN_HISTORY", "SHORT_HISTORY", "WINDOW"]
 
 
 
@@ -81,6 +84,53 @@ class SymptomResult:
     excursion_start: int | None = None
     #: Which rule made the spike anomalous: "z", "ratio", "climb", "absurd", "nan", "zero".
     rule: str | None = None
+    #: For ``stalled``: seconds without a new step when the incident opened, and the run's
+    #: typical seconds per step before it.
+    silent_seconds: float | None = None
+    step_seconds: float | None = None
+
+
+@dataclass(frozen=True)
+class StallRule:
+    """When silence is a stall (``spikeops.thresholds.stall_threshold``)."""
+
+    factor: float = STALL_FACTOR
+    minimum: float = STALL_MIN_S
+
+
+#: Logged points whose spacing gives the typical step time.
+STALL_HISTORY = 50
+
+
+def stall(frame: pd.DataFrame, now: object, rule: StallRule | None = None, *,
+          since: object = None) -> tuple[int, float, float, float] | None:
+    """``(last step, seconds silent, seconds per step, threshold)`` when the step counter
+    stopped long enough before ``now`` (the end of the incident's window), else None. The
+    last logged row must carry a time, at or after ``since`` (the window's start: the stall
+    began in the window), and two timed rows are needed to know the step time."""
+    if now is None or frame is None or len(frame) < 2 or "time" not in frame:
+        return None
+    times = frame["time"]
+    if pd.isna(times.iloc[-1]):
+        return None
+    if since is not None and times.iloc[-1] < pd.Timestamp(since):
+        return None
+    timed = times.dropna().tail(STALL_HISTORY + 1)
+    if len(timed) < 2:
+        return None
+    seconds = np.diff((timed - timed.iloc[0]).dt.total_seconds().to_numpy())  # whatever the time unit
+    steps = np.diff(timed.index.to_numpy().astype(float))
+    good = (seconds > 0) & (steps > 0)
+    if not good.any():
+        return None
+    per_step = float(np.median(seconds[good] / steps[good]))
+    per_line = float(np.median(seconds[good]))
+    rule = rule or StallRule()
+    threshold = stall_threshold(per_step, per_line, factor=rule.factor, minimum=rule.minimum)
+    silent = (pd.Timestamp(now) - times.iloc[-1]).total_seconds()
+    if silent <= threshold:
+        return None
+    return int(frame.index[-1]), float(silent), per_step, threshold
 
 
 def _noise(values: pd.Series, window: int) -> pd.Series:
@@ -507,9 +557,31 @@ def _judge(frame: pd.DataFrame, first: int, rules: pd.Series, level: pd.Series, 
     return result
 
 
-def classify(frame: pd.DataFrame, focus_from: int | None = None) -> SymptomResult:
+def _stalled(result: SymptomResult, frame: pd.DataFrame, now: object, since: object,
+             rule: StallRule | None) -> bool:
+    found = stall(frame, now, rule, since=since)
+    if found is None:
+        return False
+    last, silent, per_step, threshold = found
+    result.symptom = "stalled"
+    # The last step logged: the trouble may already have touched it (a checkpoint being
+    # written at it when a rank hung), so a resume starts from a verified one before it.
+    result.spike_step = result.onset_step = result.excursion_start = last
+    result.silent_seconds, result.step_seconds = silent, per_step
+    result.unread = []
+    finite = frame["loss"].dropna()
+    result.level = float(finite.tail(WINDOW).median()) if len(finite) else None
+    result.notes.insert(0, f"no step after {last} for {silent:,.0f} s (a step took {per_step:.3g} s; stalled "
+                           f"beyond {threshold:,.0f} s)")
+    return True
+
+
+def classify(frame: pd.DataFrame, focus_from: int | None = None, *, now: object = None, since: object = None,
+             stall_rule: StallRule | None = None) -> SymptomResult:
     """Classify the run's symptom. ``focus_from``: the first step that may be the spike
-    (the incident window's start); None means the whole run."""
+    (the incident window's start); None means the whole run. ``now``/``since``: the end and
+    start of the incident's window; a run with no loss anomaly whose step counter stopped
+    in the window, long before its end, is ``stalled``."""
     if frame is None or len(frame) == 0:
         return SymptomResult("unknown", notes=["no step metrics"], unread=["no step metrics were read"])
     frame = frame.copy()
@@ -568,6 +640,8 @@ def classify(frame: pd.DataFrame, focus_from: int | None = None) -> SymptomResul
         result.onset_step = onset
         finite = loss.dropna()
         result.level = float(finite.loc[:onset].tail(WINDOW).median()) if onset is not None else None
+        return result
+    if _stalled(result, frame, now, since, stall_rule):
         return result
     if points < MIN_POINTS:
         result.symptom = "unknown"

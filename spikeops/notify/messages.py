@@ -37,6 +37,7 @@ MAX_EVIDENCE = 3
 SYMPTOM_WORDS = {
     "instant_nan": "NaN loss", "single_spike": "loss spike", "spike_no_recovery": "loss spike, no recovery",
     "creeping_increase": "creeping loss", "none": "no anomaly in the metrics",
+    "stalled": "stalled (no new step)",
 }
 _SECRETS = [
     re.compile(r"xox[abposr]-[A-Za-z0-9-]{6,}"),           # Slack tokens
@@ -161,8 +162,8 @@ def _finding_text(finding: Mapping[str, Any]) -> str:
     lines = [head + (f"\n_{'; '.join(where)}_" if where else "")]
     evidence = finding.get("evidence") or []
     if evidence:
-        cited = "\n".join(f"{e.get('file')}:{e.get('line')}: {str(e.get('text', ''))[:300]}"
-                          for e in evidence[:MAX_EVIDENCE])
+        cited = "\n".join(f"{e.get('file')}{'' if e.get('line') is None else ':' + str(e['line'])}: "
+                          f"{str(e.get('text', ''))[:300]}" for e in evidence[:MAX_EVIDENCE])
         lines.append("```" + cited.replace("```", "'''") + "```")
         if len(evidence) > MAX_EVIDENCE:
             lines.append(f"_and {len(evidence) - MAX_EVIDENCE} more evidence lines in report.md_")

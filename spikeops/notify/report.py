@@ -41,6 +41,11 @@ def _json_file(path: Path) -> Any:
         return None
 
 
+def _at(line: Any) -> str:
+    """``:LINE`` for evidence with a line; nothing for files without lines (a flight recorder dump)."""
+    return f":{line}" if line is not None else ""
+
+
 def _md_escape(text: str) -> str:
     return redact(str(text)).replace("|", "\\|").replace("\n", " ")
 
@@ -134,7 +139,7 @@ def render_markdown(diagnosis: Mapping[str, Any], incident: Mapping[str, Any], *
             lines += ["", "_" + "; ".join(where) + "_"]
         evidence = finding.get("evidence") or []
         if evidence:
-            lines += ["", "```"] + [redact(f"{e.get('file')}:{e.get('line')}: {e.get('text', '')}").replace("```", "'''")
+            lines += ["", "```"] + [redact(f"{e.get('file')}{_at(e.get('line'))}: {e.get('text', '')}").replace("```", "'''")
                                     for e in evidence] + ["```"]
         lines.append("")
     if not diagnosis.get("findings"):

@@ -42,14 +42,16 @@ def get_kind(name: str) -> Kind | None:
     return registry().get(name)
 
 
-def detect_kind(sample: str) -> list[tuple[float, Kind]]:
-    """Kinds that claim ``sample``, best first; empty when nobody does."""
+def detect_kind(sample: str | bytes) -> list[tuple[float, Kind]]:
+    """Kinds that claim ``sample``, best first; empty when nobody does. A ``bytes`` sample
+    (a head that is not text) is judged by the kinds that read binary formats."""
     scored: dict[str, tuple[float, Kind]] = {}
+    binary = isinstance(sample, bytes)
     for kind in registry().values():
-        if kind.name in scored:
+        if kind.name in scored or (binary and kind.detect_bytes is None):
             continue
         try:
-            score = float(kind.detect(sample))
+            score = float(kind.detect_bytes(sample) if binary else kind.detect(sample))  # type: ignore[misc,arg-type]
         except Exception:  # a detector bug must not hide the other kinds
             score = 0.0
         if score > 0:

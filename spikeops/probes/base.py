@@ -115,6 +115,12 @@ class Kind:
     #: For kinds captured as a directory tree (sysfs): renders the tree as the text the
     #: parser reads, or returns None when the directory is not of this kind.
     from_directory: Callable[[Path], str | None] | None = None
+    #: ``parse`` takes the file's bytes (a binary format such as a pickle): the reader hands
+    #: it the raw file, up to a cap, instead of decoded text.
+    binary: bool = False
+    #: Detection on the raw head (up to 64 KiB of bytes) for inputs that are not text;
+    #: ``detect`` still judges text heads.
+    detect_bytes: Callable[[bytes], float] | None = None
 
 
 _REGISTRY: dict[str, Kind] = {}
@@ -145,6 +151,10 @@ class RemoteProbe:
     containers that mount the host's sysfs elsewhere do). ``keep`` says which end of an
     output longer than the cap is worth keeping: the head of a report, the tail of a log
     (the collector pipes a ``keep="tail"`` probe through ``tail -c`` on the node).
+    ``unpack`` names a folder of the node's bundle directory: the probe prints a tar archive
+    of files (the job's flight recorder dumps, one stack per process) that the collector
+    unpacks there (regular files only, plain names). ``baseline=False`` probes are not run
+    for a baseline capture (what a hang leaves behind means nothing at job start).
     """
 
     name: str
@@ -156,6 +166,8 @@ class RemoteProbe:
     keep: str = "head"
     needs: str | None = None
     per_interface: bool = False
+    unpack: str | None = None
+    baseline: bool = True
 
 
 _REMOTE: dict[str, RemoteProbe] = {}

@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from datetime import UTC, datetime
 from pathlib import Path
 
-from spikeops.bundle import BUNDLE_FORMAT, BundleWriter
+from spikeops.bundle import atomic_write, BUNDLE_FORMAT, BundleWriter
 from spikeops.probes.bundle_files import ProbeStatus
 from spikeops.sim.distractors import choose, plant_structural, plant_timed
 from spikeops.sim.metrics import breathing_loss_scale, iter_rows, jsonl_line, megatron_header, megatron_line
@@ -388,6 +388,13 @@ def _write_node(plan: Plan, writer: BundleWriter, node: NodeState) -> None:
         else:
             writer.write_probe_output(node.name, _probe_file(name), stdout.encode(), stderr.encode())
         statuses.append(ProbeStatus(name, command, exit_code, started, seconds, error))
+    folder = writer.node_folder(node.name)
+    for relative, data in sorted(node.files.items()):
+        atomic_write(folder / relative, data)
+    for folder_name, command in (("flight-recorder", "tar of the flight recorder dumps /tmp/nccl_trace_rank_<rank>"),
+                                 ("stacks", "py-spy dump --pid PID for each of the processes of the job: tar of PID.txt")):
+        if any(relative.startswith(folder_name + "/") for relative in node.files):
+            statuses.append(ProbeStatus(folder_name, command, 0, started, round(rng.uniform(0.1, 2.0), 2), None))
     writer.write_probes_json(node.name, statuses)
     writer.write_probe_output(node.name, "nvidia-smi-q.txt", render_smi(world, node, baseline_at, baseline=True)
                               .encode(), baseline=True)

@@ -297,7 +297,7 @@ def _scenario(root: Path, scenario: str, nodes: int, seed: int, distractors: boo
 # ---------------------------------------------------------------------------- writing
 
 
-def _write_inventory(cluster: Cluster, gpus_per_node: int) -> None:
+def _write_inventory(cluster: Cluster, gpus_per_node: int, flight_recorder: bool = False) -> None:
     root = cluster.directory
     job_files = f"{root}/jobs/{{job}}/{{node}}"
     lines = [
@@ -322,6 +322,7 @@ def _write_inventory(cluster: Cluster, gpus_per_node: int) -> None:
         f"nccl_log = {_toml(job_files + '/*.out')}",
         f"train_log = {_toml(job_files + '/train.out')}",
         f"nccl_version = {_toml('cat ' + job_files + '/nccl-version.txt')}",
+        *([f"flight_recorder = {_toml(job_files + '/flight-recorder/nccl_trace_rank_')}"] if flight_recorder else []),
     ]
     cluster.inventory.write_text("\n".join(lines) + "\n", encoding="utf-8")
 
@@ -476,7 +477,9 @@ def up(directory: str | Path, *, nodes: int = 8, scenario: str = "gpu_xid", seed
         write_tools(root, login, tools)
         _write_keys(cluster)
         _write_ssh_config(cluster)
-        _write_inventory(cluster, int(incident["job"].get("gpus_per_node") or 8))
+        _write_inventory(cluster, int(incident["job"].get("gpus_per_node") or 8),
+                         flight_recorder=any(name.startswith("flight-recorder/") for source in sources.values()
+                                             for name in source.job))
         ensure_privsep_dir()
         try:
             pids, groups = _start_servers(cluster, sshd, ready_timeout)

@@ -101,6 +101,8 @@ def bundle_sources(bundle: Path, nodes: Sequence[str]) -> dict[str, NodeSource]:
                                ("nccl-version.txt", "nccl-version.txt")):
             if (folder / name).is_file():
                 source.job[job_name] = folder / name
+        for dump in sorted((folder / "flight-recorder").glob("*")) if (folder / "flight-recorder").is_dir() else []:
+            source.job[f"flight-recorder/{dump.name}"] = dump  # the job's dumps, where it wrote them
         source.reachable = bool(source.files or source.ethtool or source.ib_counters or source.job)
         out[node] = source
     return out
@@ -227,4 +229,5 @@ def write_node(node_dir: Path, job_dir: Path | None, source: NodeSource, *, gpu:
     if job_dir is not None and source.job:
         job_dir.mkdir(parents=True, exist_ok=True)
         for name, what in source.job.items():
+            (job_dir / name).parent.mkdir(parents=True, exist_ok=True)
             _put(job_dir / name, what)

@@ -33,7 +33,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["TOOLS", "OVERRIDES", "BINARY_OUTPUT", "LoginCost", "CHEAP_LOGIN", "REAL_LOGIN", "REAL_LOGIN_CPU",
+__all__ = ["TOOLS", "OVERRIDES", "real_pyspy", "BINARY_OUTPUT", "LoginCost", "CHEAP_LOGIN", "REAL_LOGIN", "REAL_LOGIN_CPU",
            "ToolTimes", "NO_TOOL_TIMES", "REAL_TOOL_TIMES", "write_tools", "write_override", "login_cost_block",
            "NOT_FOUND_EXIT"]
 
@@ -276,6 +276,18 @@ def _fill(template: str, root: Path, tools: ToolTimes = NO_TOOL_TIMES) -> str:
             .replace("@DELAY_KERNEL@", _delay(tools.kernel_ms)))
 
 
+def real_pyspy() -> str | None:
+    """This machine's py-spy (on PATH, or beside the running Python: the venv's), if any."""
+    import shutil
+    import sys
+
+    found = shutil.which("py-spy")
+    if found:
+        return found
+    beside = Path(sys.executable).parent / "py-spy"
+    return str(beside) if beside.is_file() and os.access(beside, os.X_OK) else None
+
+
 def write_tools(root: Path, login: LoginCost = CHEAP_LOGIN, tools: ToolTimes = NO_TOOL_TIMES) -> Path:
     """Write ``root/bin/node-shell`` and the fake tools (taking ``tools``' times); return the
     node-shell path. With a login cost, ``root/run/conn`` (world-writable, sticky) holds the
@@ -286,6 +298,10 @@ def write_tools(root: Path, login: LoginCost = CHEAP_LOGIN, tools: ToolTimes = N
         _write_script(folder / name, _fill(template, root, tools))
     shell = folder / "node-shell"
     _write_script(shell, _fill(_NODE_SHELL.replace("@LOGIN@", login_cost_block(login).rstrip("\n")), root))
+    pyspy = real_pyspy()
+    if pyspy is not None and not (folder / "py-spy").exists():
+        # The nodes' py-spy is this machine's own (it reads the job's real processes)
+        os.symlink(pyspy, folder / "py-spy")
     if not login.free:
         marks = root / "run" / "conn"
         marks.mkdir(parents=True, exist_ok=True)

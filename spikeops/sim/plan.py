@@ -129,6 +129,8 @@ class NodeState:
     unreachable: bool = False
     smi_failure: str | None = None  # None, "stderr_only", "timeout"
     lost_bus: str | None = None
+    #: Files of the job's own state on the node (``flight-recorder/NAME``, ``stacks/PID.txt``).
+    files: dict[str, bytes] = field(default_factory=dict)
 
 
 @dataclass

@@ -8,7 +8,9 @@ Each scenario encodes the spec's "what shows it" column and the domain notes
 - numeric causes show in the global curves: a grad norm climbing before the spike, an LR
   that jumped or peaked too high, an fp16 loss scale collapsing through repeated overflow;
 - communication causes move every rank at once and leave NCCL/PyTorch lines, NIC counters
-  or mixed NCCL versions behind;
+  or mixed NCCL versions behind; a hang (one rank never enters a collective) or a collective
+  mismatch (some ranks issue another one) stops the step counter with no loss anomaly, and
+  leaves every rank's flight recorder dump and the processes' stacks on their nodes;
 - hardware causes are node-correlated: an Xid, ECC growth against the baseline, a link
   that went down, a GPU that throttles;
 - a checkpoint cause is a resume from a checkpoint whose manifest check failed.
@@ -24,6 +26,7 @@ import math
 import random
 from collections.abc import Callable
 
+from spikeops.sim.collectives import DUMP_PREFIX, STUCK_FRAMES, WAITING_FRAMES, RankScript, dump_bytes, stack_text
 from spikeops.sim.metrics import breathing_loss_scale, healthy_grad, healthy_loss
 from spikeops.sim.model import CAUSES
 from spikeops.sim.plan import KernelEvent, NodeState, Plan, RankOverride, Resume, TimedLine, sub_rng
@@ -353,6 +356,114 @@ def loss_scale_collapse(p: Plan) -> None:
 
 
 # ---------------------------------------------------------------------- communication
+
+
+def _stall_at_end(p: Plan) -> float:
+    """The job stops advancing after its last logged step and stays silent, alive, for far
+    longer than the stall rule needs (10 steps' time, at least 5 minutes); the truth is
+    ``stalled`` at the last step logged, which is also the onset (a checkpoint written at it,
+    while a rank hung, is not to be trusted)."""
+    stall = p.rng.uniform(900.0, 3600.0)
+    _truth(p, "stalled", p.n - 1, p.n - 1)
+    p.after_freeze.append(lambda plan: plan.must_see.extend((plan.times[-1], plan.times[-1] + stall)))
+    return stall
+
+
+def _collective_files(p: Plan, seq: int, ops: dict[int, tuple[str, int]], odd_ops: dict[int, tuple[str, int]],
+                      behind: set[int], odd: set[int], stuck_node: int | None) -> None:
+    """After the clock is fixed: every reachable node's dumps (its ranks'), and the stacks
+    of the processes of the nodes that matter (the stuck or odd node, and one waiting node)."""
+    world = p.world
+    form = p.rng.choice(("pickle", "json"))
+    per_step = p.rng.randrange(8, 40)
+    depth = p.rng.randrange(12, 40)
+
+    def place(plan: Plan) -> None:
+        rng = sub_rng(plan.cause, plan.seed, "collectives")
+        step_ns = int(world.step_seconds * 1e9 / per_step)
+        last_ns = int(plan.times[-1] * 1e9)
+        started = last_ns - depth * step_ns
+        waiting = [n.index for n in plan.nodes if n.index != stuck_node and not n.unreachable]
+        shown = {stuck_node} if stuck_node is not None else set()
+        if waiting:
+            shown.add(rng.choice(waiting))
+        for node in plan.nodes:
+            if node.unreachable:
+                continue
+            for local, rank in enumerate(world.ranks_of_node(node.index)):
+                last = seq - 1 if rank in behind else seq
+                script = RankScript(rank, seq - depth, last, odd_ops if rank in odd else ops,
+                                    pending=rank not in behind, started_ns=started, step_ns=step_ns)
+                node.files[f"flight-recorder/{DUMP_PREFIX}{rank}"] = dump_bytes(script, world.ranks, form=form)
+                if node.index in shown:
+                    pid = node.pid_base + local
+                    frames = STUCK_FRAMES[rng.randrange(len(STUCK_FRAMES))] if rank in behind else WAITING_FRAMES
+                    command = f"/usr/bin/python3 -u pretrain_gpt.py --local_rank={local}"
+                    node.files[f"stacks/{pid}.txt"] = stack_text(pid, command, frames, rng).encode()
+
+    p.after_freeze.append(place)
+
+
+def collective_hang(p: Plan) -> None:
+    """One rank stops before a collective (its data loader, a checkpoint write) while every
+    other rank waits in it: no NaN, no spike, the step counter just stops. Every rank's
+    flight recorder says so (the others' last collective is pending, the stuck rank's ring
+    ends one before it) and the stuck rank's process sits outside torch.distributed. No node
+    is at fault; the stuck rank is named."""
+    _require_nodes(p, 2)
+    rng = p.rng
+    stall = _stall_at_end(p)
+    node = rng.randrange(len(p.nodes))
+    rank = rng.choice(p.world.ranks_of_node(node))
+    p.involved.add(node)
+    p.culprit_ranks = [rank]
+    seq = rng.randrange(10_000, 900_000)
+    numel = rng.choice((262144000, 131072000, 524288000))
+    ops = {s: ("all_reduce", numel) if s % 3 else ("all_gather", numel // 8) for s in range(seq - 64, seq + 1)}
+    _collective_files(p, seq, ops, ops, {rank}, set(), node)
+    timeout_ms = rng.choice((600000, 1800000))
+    if stall > timeout_ms / 1000.0 + 60 and rng.random() < 0.5:
+        _hang_watchdogs(p, node, seq, timeout_ms)
+    p.notes.append(f"rank {rank} on {p.nodes[node].name} never entered collective {seq}; the job hung "
+                   f"{stall:.0f} s after its last step")
+
+
+def _hang_watchdogs(p: Plan, skip: int, seq: int, timeout_ms: int) -> None:
+    """NCCL's watchdog on the waiting ranks fires when the collective times out."""
+    def place(plan: Plan) -> None:
+        rng = sub_rng(plan.cause, plan.seed, "hang-watchdog")
+        moment = plan.times[-1] + timeout_ms / 1000.0 + rng.uniform(1.0, 20.0)
+        for node in plan.nodes:
+            if node.index != skip and not node.unreachable:
+                node.nccl_lines.append(_watchdog_line(plan, node, 0, moment, timeout_ms, seq, rng))
+
+    p.after_freeze.append(place)
+
+
+def collective_mismatch(p: Plan) -> None:
+    """The ranks of one node (a pipeline stage whose schedule is off) issue another
+    operation, or the same one with another size, at one collective sequence number; every
+    rank then waits forever. A software fault: no node is at fault, the odd ranks are named."""
+    _require_nodes(p, 3)
+    rng = p.rng
+    _stall_at_end(p)
+    node = rng.randrange(len(p.nodes))
+    odd = set(p.world.ranks_of_node(node))
+    p.involved.add(node)
+    p.culprit_ranks = sorted(odd)
+    seq = rng.randrange(10_000, 900_000)
+    numel = rng.choice((262144000, 131072000, 524288000))
+    ops = {s: ("all_reduce", numel) for s in range(seq - 64, seq + 1)}
+    odd_ops = dict(ops)
+    if rng.random() < 0.5:
+        odd_ops[seq] = ("broadcast", numel)
+        what = "a broadcast where the others all_reduce"
+    else:
+        odd_ops[seq] = ("all_reduce", numel // 2)
+        what = "an all_reduce of half the size"
+    _collective_files(p, seq, ops, odd_ops, set(), odd, node)
+    p.notes.append(f"the ranks of {p.nodes[node].name} issued {what} at collective {seq}")
+
 
 
 def _ib_error_lines(p: Plan, node: NodeState, local: int, peer: NodeState, moment: float, rng: random.Random) -> list[TimedLine]:
@@ -699,6 +810,8 @@ SCENARIOS: dict[str, Scenario] = {
     "nccl_error": nccl_error,
     "network_congestion": network_congestion,
     "nccl_version_mismatch": nccl_version_mismatch,
+    "collective_hang": collective_hang,
+    "collective_mismatch": collective_mismatch,
     "gpu_xid": gpu_xid,
     "gpu_ecc": gpu_ecc,
     "ib_link_flap": ib_link_flap,

@@ -14,7 +14,9 @@ is used when the job has imported it.
 - ``ResumeRequest``: what the incident flow asked a resumed run to do (skip batches, 0.3x LR,
   strict RNG restore, detect_anomaly, or a replay: ``request.replay``), read from the environment;
 - ``ReplayRecorder``/``deterministic``/``grad_digest``: the replay gate's record of the spike
-  window (replay.jsonl: loss, grad norm, local and reduced gradient digests per step and rank).
+  window (replay.jsonl: loss, grad norm, local and reduced gradient digests per step and rank);
+- ``FlightRecorderDump``: the flight recorder dumped where NCCL's watchdog would write it, when
+  the loop stops advancing (gloo has no such watchdog): the dump that names a hang's rank.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from __future__ import annotations
 from spikeops.train.anomaly import AnomalyLocator
 from spikeops.train.checkpointing import on_checkpoint_saved
 from spikeops.train.exporter import PrometheusExporter
+from spikeops.train.flight_recorder import FlightRecorderDump
 from spikeops.train.guards import FilterStats, GradGuard, NanGuard, NonFiniteLoss, filter_samples
 from spikeops.train.logger import MetricsLogger, batch_record, fingerprint
 from spikeops.train.remedies import ReplayRequest, ResumeRequest
@@ -40,5 +43,5 @@ __all__ = [
     "GradGuard", "NanGuard", "NonFiniteLoss", "filter_samples", "FilterStats",
     "capture_state", "restore_state", "save_state", "load_state", "FingerprintCheck", "DataOrderWarning",
     "AnomalyLocator", "on_checkpoint_saved", "ResumeRequest", "ReplayRequest",
-    "ReplayRecorder", "deterministic", "grad_digest",
+    "ReplayRecorder", "deterministic", "grad_digest", "FlightRecorderDump",
 ]

@@ -16,8 +16,14 @@ collector (docs/monitoring.md has the longer argument):
 What it exports, with the ``job_id`` and ``cluster`` labels spikeops maps to the incident flow:
 ``training_step``, ``training_loss``, ``training_lr``, ``training_grad_norm``,
 ``training_loss_scale``, ``training_tokens_per_second`` (gauges of the last step; a field the
-job never logs has no series), and ``training_nonfinite_loss_total`` (a counter of the steps
-whose loss was NaN or infinite, so a NaN between two scrapes is still seen). A scrape sees one
+job never logs has no series), ``training_nonfinite_loss_total`` (a counter of the steps
+whose loss was NaN or infinite, so a NaN between two scrapes is still seen), and for the
+stall rule ``training_last_step_timestamp_seconds`` (when the job logged its last step: the
+moment ``observe`` saw it, on the job's clock, which is the one that matters on a live job and
+is not fooled by a record's own ``time`` being from another clock or another run),
+``training_step_seconds`` (seconds per step between the last two records that advanced) and
+``training_record_interval_seconds`` (seconds between those records). A hung job's exporter thread still answers scrapes: its step stops, its
+timestamp ages, and the rule fires. A scrape sees one
 step in each interval: a spike that lasts less than a scrape interval is invisible to
 Prometheus (the watcher, ``spikeops watch``, reads every step).
 """
@@ -26,10 +32,11 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Iterator, Mapping
+import time
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-__all__ = ["PrometheusExporter", "GAUGES", "NONFINITE"]
+__all__ = ["PrometheusExporter", "GAUGES", "NONFINITE", "PROGRESS"]
 
 #: metrics.jsonl field -> (metric name, help). The names the alerting rules use.
 GAUGES: dict[str, tuple[str, str]] = {
@@ -41,6 +48,12 @@ GAUGES: dict[str, tuple[str, str]] = {
     "throughput": ("training_tokens_per_second", "tokens per second of the last step"),
 }
 NONFINITE = ("training_nonfinite_loss", "steps whose loss was NaN or infinite")
+#: The stall rule's gauges: name -> help.
+PROGRESS: dict[str, str] = {
+    "training_last_step_timestamp_seconds": "Unix time the last step was logged",
+    "training_step_seconds": "seconds per step between the last two records that advanced the step",
+    "training_record_interval_seconds": "seconds between the last two records that advanced the step",
+}
 
 
 def _split(addr: str) -> tuple[str, int]:
@@ -78,6 +91,10 @@ class _Collector:
             family = GaugeMetricFamily(name, help_text, labels=labels)
             family.add_metric(values, value)
             yield family
+        for name, value in self.exporter.progress().items():
+            family = GaugeMetricFamily(name, PROGRESS[name], labels=labels)
+            family.add_metric(values, value)
+            yield family
         counter = CounterMetricFamily(NONFINITE[0], NONFINITE[1], labels=labels)
         counter.add_metric(values, float(nonfinite))
         yield counter
@@ -95,7 +112,8 @@ class PrometheusExporter:
     """
 
     def __init__(self, addr: str = "0.0.0.0:9464", *, job_id: str, cluster: str | None = None,
-                 labels: Mapping[str, str] | None = None, serve: bool = True) -> None:
+                 labels: Mapping[str, str] | None = None, serve: bool = True,
+                 clock: Callable[[], float] = time.time) -> None:
         from prometheus_client import CollectorRegistry
 
         if not job_id:
@@ -106,6 +124,10 @@ class PrometheusExporter:
         self.labels.update({str(k): str(v) for k, v in (labels or {}).items()})
         self._record: Mapping[str, Any] = {}
         self._nonfinite = 0
+        #: (seconds, step) of the last record that advanced the step, and the two intervals.
+        self._clock = clock
+        self._last: tuple[float, float] | None = None
+        self._intervals: tuple[float, float] | None = None
         self._lock = threading.Lock()
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(_Collector(self))  # type: ignore[arg-type]
@@ -131,7 +153,25 @@ class PrometheusExporter:
         if loss is not None and not math.isfinite(loss):
             with self._lock:
                 self._nonfinite += 1
+        step = _value(record.get("step"))
+        if step is not None:
+            moment = self._clock()
+            with self._lock:
+                if self._last is not None and step > self._last[1] and moment > self._last[0]:
+                    self._intervals = ((moment - self._last[0]) / (step - self._last[1]), moment - self._last[0])
+                if self._last is None or step != self._last[1]:
+                    self._last = (moment, step)
         self._record = record
+
+    def progress(self) -> dict[str, float]:
+        """The stall rule's gauges (empty before the first step)."""
+        with self._lock:
+            out: dict[str, float] = {}
+            if self._last is not None:
+                out["training_last_step_timestamp_seconds"] = self._last[0]
+            if self._intervals is not None:
+                out["training_step_seconds"], out["training_record_interval_seconds"] = self._intervals
+            return out
 
     def snapshot(self) -> tuple[Mapping[str, Any], int]:
         with self._lock:

@@ -27,11 +27,12 @@ EXIT_OK, EXIT_USAGE, EXIT_INTERRUPTED = 0, 2, 130
 def add_parser(commands: argparse._SubParsersAction) -> None:
     parser = commands.add_parser(
         "watch",
-        help="follow a job's metrics and start the incident flow on a NaN, spike, collapse or slowdown",
+        help="follow a job's metrics and start the incident flow on a NaN, spike, collapse, slowdown or stall",
         description=(
             "Follow a job's metrics (a metrics.jsonl, a training log, or Prometheus queries) and "
             "start one incident per anomaly: a NaN, a loss or grad-norm spike (robust z-score), a "
-            "loss-scale collapse, or a sustained throughput drop. Debounced: a NaN that persists, a "
+            "loss-scale collapse, a sustained throughput drop, or a stall (no new step for "
+            "stall_factor x the typical step time, at least stall_min_s). Debounced: a NaN that persists, a "
             "long spike, or several kinds at once make one incident. Thresholds: the [watch] table "
             "of spikeops.toml (docs/watch.md). Exit status: 0 done, 2 bad input, 130 interrupted."
         ),
@@ -128,7 +129,7 @@ def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         fire = _target(args, config, out)
         records = open_source(settings, metrics=args.metrics, log=args.log, prometheus=args.prometheus,
                               queries=_queries(args.query), from_start=args.from_start, once=args.once,
-                              timeout=args.timeout, poll_s=args.poll, stats=stats)
+                              timeout=args.timeout, poll_s=args.poll, stats=stats, idle=not args.once)
         detector = Detector(settings)
         watch(records, detector, fire, max_incidents=args.max_incidents)
     except SpikeopsError as exc:

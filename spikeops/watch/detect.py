@@ -16,6 +16,10 @@ its streaming counterpart, with the same reasoning and constants, in O(window) p
 - a **loss-scale collapse** is the scale falling to 1/``loss_scale_factor`` of its highest
   value in the last ``loss_scale_window`` records: normal scaling halves on an overflow and
   doubles back after a quiet interval, so it breathes by a factor 2-16, never 256;
+- a **stall** (``tick``, called when a poll finds nothing new) is the step counter not
+  advancing for ``stall_factor`` x the typical step time, at least ``stall_min_s``, plus
+  the typical interval between records (``spikeops.thresholds.stall_threshold``, the
+  diagnosis's own rule); times are the records' own ``time``, else when they were read;
 - a **throughput drop** is at least ``throughput_steps`` records in a row each more than
   ``throughput_drop`` x the level below the median of the ``throughput_window`` records
   before them, whose median is more than ``throughput_z`` standard errors below it (a
@@ -57,7 +61,9 @@ from __future__ import annotations
 import bisect
 import math
 import statistics
+import time
 from collections import deque
+from collections.abc import Callable
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -76,17 +82,20 @@ from spikeops.thresholds import (
     ROUTINE_MARGIN,
     ROUTINE_MEMORY,
     SHORT_HISTORY,
+    STALL_FACTOR,
+    STALL_MIN_S,
     WINDOW,
     Z_SPIKE,
+    stall_threshold,
 )
 from spikeops.errors import InputError
 from spikeops.probes.bundle_files import read_float
-from spikeops.timeparse import iso, parse_any
+from spikeops.timeparse import from_unix, iso, parse_any
 
 __all__ = ["WatchConfig", "Anomaly", "Detector", "KINDS", "PROMETHEUS_FIELDS"]
 
 #: Anomaly kinds, in the order they name an incident when several start on one step.
-KINDS = ("nan", "loss_scale_collapse", "loss_spike", "grad_spike", "throughput_drop")
+KINDS = ("nan", "loss_scale_collapse", "loss_spike", "grad_spike", "throughput_drop", "stalled")
 #: Record fields a Prometheus query may fill (``[watch.prometheus]``).
 PROMETHEUS_FIELDS = ("step", "loss", "lr", "grad_norm", "loss_scale", "tokens", "throughput")
 
@@ -144,6 +153,11 @@ class WatchConfig:
       same trouble seen again).
     - ``poll_s`` = 15 and ``prometheus`` (field -> PromQL): the Prometheus source, polled at
       Prometheus' default scrape interval.
+    - ``stall_factor`` = 10, ``stall_min_s`` = 300: no new step for 10 typical step times (and
+      never less than 5 minutes, which a checkpoint save or an evaluation can take), plus one
+      typical interval between records: a hung job (``spikeops.thresholds``; the diagnosis
+      and the Prometheus rule judge the same way, and the alert carries these two values so
+      the diagnosis judges the stall this watcher saw).
     """
 
     loss_z: float = Z_SPIKE
@@ -169,6 +183,8 @@ class WatchConfig:
     cooldown_steps: int = 200
     cooldown_s: float = 300.0
     poll_s: float = 15.0
+    stall_factor: float = STALL_FACTOR
+    stall_min_s: float = STALL_MIN_S
     prometheus: dict[str, str] = field(default_factory=dict)
 
     @classmethod
@@ -210,6 +226,8 @@ class WatchConfig:
             raise InputError("[watch] poll_s must be above 0")
         if config.window < 3 or config.min_history < 3:
             raise InputError("[watch] window and min_history must be at least 3")
+        if config.stall_factor < 1:
+            raise InputError("[watch] stall_factor must be at least 1")
         return config
 
 
@@ -234,6 +252,9 @@ class Anomaly:
     score: float | None
     detail: str
     time: str | None = None
+    #: The thresholds a rule fired at, when the diagnosis must judge by the same (a stall's
+    #: ``stall_factor`` and ``stall_min_s``); sent with the alert.
+    rule: dict[str, str] | None = None
 
 
 # --------------------------------------------------------------------------- values
@@ -366,8 +387,12 @@ class Detector:
     incident starts, else None. ``incidents`` lists what it returned; ``counts`` says how
     many records were judged, ignored (no step), duplicates, restarts."""
 
-    def __init__(self, config: WatchConfig | None = None) -> None:
+    def __init__(self, config: WatchConfig | None = None, *, clock: Callable[[], float] = time.time) -> None:
         self.config = config or WatchConfig()
+        #: Wall-clock seconds for records without a ``time`` and for ``tick`` (tests pass their own).
+        self._clock = clock
+        #: (seconds, step) of the last records, for the typical step time.
+        self._progress: deque[tuple[float, int]] = deque(maxlen=51)
         window = self.config.window
         self._loss = _Robust(window)
         self._loss_changes = _Quantile(JUMP_WINDOW)
@@ -392,6 +417,8 @@ class Detector:
         self.counts = {"records": 0, "ignored": 0, "duplicates": 0, "restarts": 0}
         self.first_step: int | None = None
         self.last_step: int | None = None
+        #: The last record fed brought no new step (a duplicate): as good as an idle poll.
+        self.idle = False
 
     @property
     def in_incident(self) -> bool:
@@ -402,8 +429,10 @@ class Detector:
         if step is None:
             self.counts["ignored"] += 1
             return None
+        self.idle = False
         if step == self.last_step:
             self.counts["duplicates"] += 1
+            self.idle = True  # nothing new (a poll of a gauge that did not move)
             return None
         if self.last_step is not None and step < self.last_step:
             self.counts["restarts"] += 1
@@ -411,8 +440,55 @@ class Detector:
         self.first_step = step if self.first_step is None else self.first_step
         self.last_step = step
         moment = parse_any(record.get("time"))
+        seen = moment.timestamp() if moment is not None else self._clock()
+        if not self._progress or step > self._progress[-1][1]:
+            self._progress.append((seen, step))
+        else:  # a restart re-logs older steps: the step time starts over
+            self._progress.clear()
+            self._progress.append((seen, step))
         findings = self._judge(record, step)
         return self._debounce(findings, step, moment.timestamp() if moment else None, iso(moment))
+
+    def stall(self, now: float | None = None) -> tuple[int, float, float, float] | None:
+        """(last step, seconds without a new one, seconds per step, threshold) when the job
+        has stalled by ``now`` (default: the clock), else None. Two records are needed to
+        know the step time."""
+        if len(self._progress) < 2:
+            return None
+        now = self._clock() if now is None else now
+        pairs = list(self._progress)
+        seconds = [b[0] - a[0] for a, b in zip(pairs, pairs[1:])]
+        steps = [b[1] - a[1] for a, b in zip(pairs, pairs[1:])]
+        good = [(s, n) for s, n in zip(seconds, steps) if s > 0 and n > 0]
+        if not good:
+            return None
+        per_step = statistics.median(s / n for s, n in good)
+        per_record = statistics.median(s for s, _ in good)
+        threshold = stall_threshold(per_step, per_record, factor=self.config.stall_factor,
+                                    minimum=self.config.stall_min_s)
+        silent = now - pairs[-1][0]
+        if silent <= threshold:
+            return None
+        return pairs[-1][1], silent, per_step, threshold
+
+    def tick(self, now: float | None = None) -> Anomaly | None:
+        """Nothing new arrived: a stall starts an incident (once; an incident already open
+        covers it, and it closes when steps come again and stay healthy)."""
+        if self._open is not None:
+            return None
+        found = self.stall(now)
+        if found is None:
+            return None
+        step, silent, per_step, threshold = found
+        when = iso(from_unix(now if now is not None else self._clock()))
+        anomaly = Anomaly("stalled", step, silent, silent / per_step if per_step > 0 else None,
+                          f"no step after {step} for {silent:,.0f} s (a step took {per_step:.3g} s; stalled beyond "
+                          f"{threshold:,.0f} s)", when,
+                          rule={"stall_factor": f"{self.config.stall_factor:g}",
+                                "stall_min_s": f"{self.config.stall_min_s:g}"})
+        self._open, self._open_records, self._open_time, self._quiet = anomaly, 0, None, 0
+        self.incidents.append(anomaly)
+        return anomaly
 
     # ---------------------------------------------------------------- rules
 

@@ -40,6 +40,7 @@ ALERT_NAMES = {
     "grad_spike": "TrainingGradNormSpike",
     "loss_scale_collapse": "TrainingLossScaleCollapse",
     "throughput_drop": "TrainingThroughputDrop",
+    "stalled": "TrainingStalled",
 }
 
 
@@ -64,6 +65,9 @@ def alert_payload(anomaly: Anomaly, job: str, cluster: str | None) -> dict[str, 
         text = _number_text(value)
         if text is not None:
             payload[name] = text
+    for name, value in (anomaly.rule or {}).items():
+        if name not in payload:
+            payload[str(name)] = str(value)
     if cluster:
         payload["cluster"] = cluster
     return payload
@@ -139,14 +143,18 @@ def receiver_target(url: str, job: str, cluster: str | None, token: str | None =
     return fire
 
 
-def watch(records: Iterable[Mapping[str, Any]], detector: Detector, fire: Fire, *,
+def watch(records: Iterable[Mapping[str, Any] | None], detector: Detector, fire: Fire, *,
           max_incidents: int | None = None) -> list[Anomaly]:
     """Feed ``records`` to ``detector`` and ``fire`` each incident it starts; stop after
-    ``max_incidents`` (the source is closed then) or when the records end."""
+    ``max_incidents`` (the source is closed then) or when the records end. A ``None`` from
+    the source is a poll that found nothing new: the detector is asked whether the job has
+    stalled."""
     fired: list[Anomaly] = []
     try:
         for record in records:
-            anomaly = detector.feed(record)
+            anomaly = detector.tick() if record is None else detector.feed(record)
+            if anomaly is None and record is not None and detector.idle:
+                anomaly = detector.tick()
             if anomaly is None:
                 continue
             fire(anomaly)

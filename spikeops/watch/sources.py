@@ -20,7 +20,8 @@ passed, or (``once``) when it has read what is there now.
   query); later failures (Prometheus restarting) are counted and the next poll tries again.
 
 ``once`` means "read what is there now and end": a file is then read from its start, whatever
-``from_start`` says, and Prometheus is polled once. ``SourceStats`` counts what each source
+``from_start`` says, and Prometheus is polled once. ``idle=True`` also yields ``None`` each time
+a poll finds nothing new (the watcher then asks whether the job has stalled). ``SourceStats`` counts what each source
 read, skipped and re-opened.
 """
 
@@ -207,17 +208,20 @@ class _Tail:
 
 def follow_metrics(path: str | Path, *, from_start: bool = False, once: bool = False, stop: Stop | None = None,
                    timeout: float | None = None, poll_s: float = FILE_POLL_S,
-                   stats: SourceStats | None = None) -> Iterator[dict[str, Any]]:
+                   stats: SourceStats | None = None, idle: bool = False) -> Iterator[dict[str, Any] | None]:
     """Records of a ``metrics.jsonl`` as they are written (NaN/Infinity tokens are read by
     ``json``; ``"nan"`` strings are left for the detector, which reads both)."""
     stats = stats if stats is not None else SourceStats()
     lines = follow_lines(path, from_start=from_start, once=once, stop=stop, timeout=timeout, poll_s=poll_s,
                          stats=stats)
-    return _json_records(lines, stats)
+    return _json_records(lines, stats, idle)
 
 
-def _json_records(lines: Iterator[str | None], stats: SourceStats) -> Iterator[dict[str, Any]]:
+def _json_records(lines: Iterator[str | None], stats: SourceStats, idle: bool = False) -> Iterator[dict[str, Any] | None]:
     for line in lines:
+        if line is None and idle:
+            yield None
+            continue
         if line is None or not line.strip():
             continue
         try:
@@ -255,16 +259,16 @@ def step_dict(record: StepRecord) -> dict[str, Any]:
 
 def follow_log(path: str | Path, *, from_start: bool = False, once: bool = False, stop: Stop | None = None,
                timeout: float | None = None, poll_s: float = FILE_POLL_S,
-               stats: SourceStats | None = None) -> Iterator[dict[str, Any]]:
+               stats: SourceStats | None = None, idle: bool = False) -> Iterator[dict[str, Any] | None]:
     """Step records of a training log as its lines are written. A step is released when the
     next step's line arrives, or when the log has been quiet for one poll."""
     stats = stats if stats is not None else SourceStats()
     lines = follow_lines(path, from_start=from_start, once=once, stop=stop, timeout=timeout, poll_s=poll_s,
                          stats=stats)
-    return _log_records(lines, stats)
+    return _log_records(lines, stats, idle)
 
 
-def _log_records(lines: Iterator[str | None], stats: SourceStats) -> Iterator[dict[str, Any]]:
+def _log_records(lines: Iterator[str | None], stats: SourceStats, idle: bool = False) -> Iterator[dict[str, Any] | None]:
     reader = LineReader()
     try:
         for line in lines:
@@ -272,6 +276,8 @@ def _log_records(lines: Iterator[str | None], stats: SourceStats) -> Iterator[di
             for record in records:
                 stats.records += 1
                 yield step_dict(record)
+            if line is None and idle and not records:
+                yield None
         for record in reader.flush():
             stats.records += 1
             yield step_dict(record)
@@ -332,7 +338,8 @@ def _instant(base: str, name: str, query: str, timeout: float, token: str | None
 
 def poll_prometheus(url: str, queries: Mapping[str, str], *, poll_s: float = 15.0, once: bool = False,
                     stop: Stop | None = None, timeout: float | None = None, request_timeout: float = 10.0,
-                    token: str | None = None, stats: SourceStats | None = None) -> Iterator[dict[str, Any]]:
+                    token: str | None = None, stats: SourceStats | None = None,
+                    idle: bool = False) -> Iterator[dict[str, Any] | None]:
     """One record per poll of a Prometheus server (see the module docstring). ``token``, when
     given, is sent as a Bearer token (read it from the environment, never from a file)."""
     parsed = urllib.parse.urlsplit(url or "")
@@ -341,11 +348,11 @@ def poll_prometheus(url: str, queries: Mapping[str, str], *, poll_s: float = 15.
     if not queries or not any(name != "step" for name in queries):
         raise InputError("no prometheus queries: give at least loss (--query loss=PROMQL or [watch.prometheus])")
     return _poll(url.rstrip("/"), dict(queries), poll_s, once, _Clock(stop, timeout), request_timeout, token,
-                 stats if stats is not None else SourceStats())
+                 stats if stats is not None else SourceStats(), idle)
 
 
 def _poll(base: str, queries: dict[str, str], poll_s: float, once: bool, clock: _Clock, request_timeout: float,
-          token: str | None, stats: SourceStats) -> Iterator[dict[str, Any]]:
+          token: str | None, stats: SourceStats, idle: bool = False) -> Iterator[dict[str, Any] | None]:
     previous: tuple[Any, ...] | None = None
     while True:
         stats.polls += 1
@@ -357,12 +364,13 @@ def _poll(base: str, queries: dict[str, str], poll_s: float, once: bool, clock: 
             stats.errors += 1
             stats.last_error = str(exc)
             answers = None
-        if answers is not None:
-            record = _record(answers, stats, previous)
-            if record is not None:
-                previous = tuple(value for value, _ in answers.values())
-                stats.records += 1
-                yield record
+        record = _record(answers, stats, previous) if answers is not None else None
+        if record is not None:
+            previous = tuple(value for value, _ in answers.values())  # type: ignore[union-attr]
+            stats.records += 1
+            yield record
+        elif idle:
+            yield None
         if once or not clock.wait(poll_s):
             return
 
@@ -393,9 +401,11 @@ def _record(answers: dict[str, tuple[float | None, float | None]], stats: Source
 def open_source(config: WatchConfig, *, metrics: str | Path | None = None, log: str | Path | None = None,
                 prometheus: str | None = None, queries: Mapping[str, str] | None = None, from_start: bool = False,
                 once: bool = False, stop: Stop | None = None, timeout: float | None = None,
-                poll_s: float | None = None, stats: SourceStats | None = None) -> Iterator[dict[str, Any]]:
+                poll_s: float | None = None, stats: SourceStats | None = None,
+                idle: bool = False) -> Iterator[dict[str, Any] | None]:
     """The one source named (a metrics file, a log, or a Prometheus URL), set up from the
-    ``[watch]`` settings; ``queries`` add to (and override) ``[watch.prometheus]``."""
+    ``[watch]`` settings; ``queries`` add to (and override) ``[watch.prometheus]``; ``idle``:
+    a ``None`` for every poll that found nothing new."""
     named = [name for name, value in (("metrics", metrics), ("log", log), ("prometheus", prometheus)) if value]
     if len(named) != 1:
         raise InputError("name exactly one source: a metrics.jsonl, a training log or a Prometheus URL"
@@ -403,7 +413,8 @@ def open_source(config: WatchConfig, *, metrics: str | Path | None = None, log: 
     if prometheus:
         merged = WatchConfig.from_table({"prometheus": {**config.prometheus, **(queries or {})}}).prometheus
         return poll_prometheus(prometheus, merged, poll_s=poll_s or config.poll_s, once=once, stop=stop,
-                               timeout=timeout, token=os.environ.get(PROMETHEUS_TOKEN_ENV) or None, stats=stats)
+                               timeout=timeout, token=os.environ.get(PROMETHEUS_TOKEN_ENV) or None, stats=stats,
+                               idle=idle)
     follow = follow_metrics if metrics else follow_log
     return follow(metrics or log or "", from_start=from_start, once=once, stop=stop, timeout=timeout,
-                  poll_s=poll_s or FILE_POLL_S, stats=stats)
+                  poll_s=poll_s or FILE_POLL_S, stats=stats, idle=idle)
