@@ -61,12 +61,13 @@ def _cmd_nodes(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 
         return {"validate": lifecycle.run_validate, "reboot": lifecycle.run_reboot, "release": lifecycle.run_release,
                 "list": lifecycle.run_list}[args.action](args, out, err)
-    results = _scheduler(args).drain(expand_nodes(args.nodes), args.reason, args.incident)
-    status = _report_actions(results, out, args.json)
-    if not args.dry_run:
-        from spikeops.lifecycle.cli import record_drains
+    from spikeops.lifecycle.cli import open_life, record_drains
 
-        record_drains(args, results, err)
+    with open_life(args) as life:  # the configured cluster's scheduler, or the flags'
+        results = life.scheduler.drain(expand_nodes(args.nodes), args.reason, args.incident)
+        status = _report_actions(results, out, args.json)
+        if not args.dry_run:
+            record_drains(life, args, results, err)
     return status
 
 

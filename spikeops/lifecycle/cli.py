@@ -104,15 +104,12 @@ def run_release(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     return _status(outcomes)
 
 
-def record_drains(args: argparse.Namespace, results: list[Any], err: TextIO) -> None:
+def record_drains(life: Any, args: argparse.Namespace, results: list[Any], err: TextIO) -> None:
     """A drain made at the command line goes into the ledger (a ledger that cannot be reached
     is said in one line: the drain itself is done)."""
-    done = [r for r in results if r.outcome == "done"]
-    if not done:
-        return
     try:
-        with open_life(args) as life:
-            for result in done:
+        for result in results:
+            if result.outcome == "done":
                 life.note(result.target, "drain", "done", result.detail, incident=args.incident, cause=args.reason)
     except Exception as exc:  # noqa: BLE001 - the drain stands; its record is what failed
         err.write(f"spikeops nodes drain: not recorded in the ledger: {str(exc).splitlines()[0][:300]}\n")
