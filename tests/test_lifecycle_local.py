@@ -165,10 +165,11 @@ def test_the_scheduled_deployment_validates_and_releases_on_its_own(world, prefe
     served runner starts them at their times, and with release = "auto" a drained node that
     passes validation is back in service with no one at the keyboard."""
     import os
-    import signal
     import subprocess
     import sys
     import time
+
+    from tests.test_e2e_serve import _stop
 
     from prefect import get_client
     from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterName, FlowRunFilter
@@ -209,9 +210,4 @@ def test_the_scheduled_deployment_validates_and_releases_on_its_own(world, prefe
         assert [(e["kind"], e["result"]) for e in record["events"][-3:]] == [
             ("validate", "started"), ("validate", "passed"), ("release", "done")]
     finally:
-        os.killpg(served.pid, signal.SIGTERM)
-        try:
-            served.wait(20)
-        except subprocess.TimeoutExpired:
-            os.killpg(served.pid, signal.SIGKILL)
-            served.wait(5)
+        _stop(served)
