@@ -31,6 +31,7 @@ from spikeops.tasks.lifecycle import (
     lifecycle_reboot,
     lifecycle_release,
     lifecycle_replace,
+    lifecycle_decline,
     lifecycle_survey,
     lifecycle_tell,
     lifecycle_validate,
@@ -127,8 +128,11 @@ def node_lifecycle(
             for node in asks:
                 if node not in approved:
                     report[node]["outcome"] = {"action": asks[node], "outcome": "not approved", "detail": why}
+                    if approver is not None:  # a person's no is kept; silence asks again next time
+                        lifecycle_decline(config, name, node, asks[node], approver, why)
                     lifecycle_tell(config, name, node, f"not-{asks[node]}",
-                                   f"{node} ({name}): {asks[node]} not done ({why}); it stays drained")
+                                   f"{node} ({name}): {asks[node]} not done ({why}); it stays drained"
+                                   + ("" if approver is None else "; the no is recorded and not asked again"))
     rows = [{"node": node, "before": entry["before"] or "-", "next": entry["step"]["action"],
              "why": entry["step"]["why"][:160],
              "outcome": (entry.get("outcome") or {}).get("outcome", "-") if isinstance(entry.get("outcome"), dict)

@@ -19,6 +19,7 @@ from prefect.input import RunInput
 from pydantic import Field
 
 __all__ = ["LifecycleApproval", "lifecycle_survey", "lifecycle_reboot", "lifecycle_validate", "lifecycle_release",
+           "lifecycle_decline",
            "lifecycle_replace", "lifecycle_tell", "ask_lifecycle", "node_slots", "node_limit_name", "BY"]
 
 #: Who the lifecycle's own actions are recorded as.
@@ -62,6 +63,12 @@ def lifecycle_release(config: str | None, cluster: str, nodes: list[str], approv
         return [o.to_json() for o in life.release(nodes, approved_by=approved_by, notify=True)]
 
 
+@task(name="lifecycle-decline", task_run_name="{action} of {node} declined")
+def lifecycle_decline(config: str | None, cluster: str, node: str, action: str, by: str, why: str) -> None:
+    with _life(config, cluster) as life:
+        life.decline(node, action, by, why)
+
+
 @task(name="lifecycle-replace", task_run_name="mark {node} for replacement")
 def lifecycle_replace(config: str | None, cluster: str, node: str, why: str) -> dict[str, Any]:
     with _life(config, cluster) as life:
@@ -91,7 +98,8 @@ class _Question:
 def ask_lifecycle(asks: Mapping[str, str], *, timeout_s: int, description: str, logger: Any
                   ) -> tuple[list[str], str | None, str]:
     """One question for every node that waits for a person (``asks``: node -> what would be
-    done). Silence is a no. Returns the approved nodes, the approver and why."""
+    done). Silence is a no. Returns the approved nodes, who answered (None: nobody did) and
+    why; a person's answer covers every node asked (those not approved were declined)."""
     from prefect.flow_runs import pause_flow_run
 
     from spikeops.inventory import expand_nodes, fold_nodes

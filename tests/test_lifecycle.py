@@ -157,6 +157,14 @@ def test_the_next_step_of_a_drained_node() -> None:
     # a pass from before the last reboot earns nothing
     assert next_step(_record(_convict(-61), drain, passed.__class__(_t(-25), "validate", "passed"), asked, done),
                      MINE, POLICY, NOW).action == "validate"
+    # a person's no is kept: a declined reboot is skipped (validated instead), a declined
+    # release is not asked again until a new pass
+    declined = Event(_t(-30), "reboot", "declined", "bob", "not now")
+    assert next_step(_record(_convict(-61), drain, declined), MINE, POLICY, NOW).action == "validate"
+    no = Event(_t(0), "release", "declined", "bob", "keep it out for the vendor")
+    record = _record(_convict(-61), drain, asked, done, passed, no)
+    step = next_step(record, MINE, POLICY, NOW)
+    assert step.action == "hold" and "declined by bob" in step.why and record.state(NOW) == "releasable"
     # a drain whose incident is still open waits for its conviction
     assert next_step(_record(drain), MINE, POLICY, NOW, incident_open=True).action == "hold"
     assert incident_of_reason("spikeops: gpu_xid inc-20261202T1200Z-77 : reboot issued") == "inc-20261202T1200Z-77"
@@ -275,3 +283,58 @@ def test_the_lifecycle_keys_of_spikeops_toml(tmp_path: Path) -> None:
         with pytest.raises(InputError, match=key):
             load_config(path)
 
+
+
+def test_the_diagnosis_names_earlier_convictions_from_other_lineages_and_never_convicts_on_them(tmp_path: Path
+                                                                                                ) -> None:
+    """node_history.json (the ledger's convictions of the job's nodes, in any lineage) names a
+    repeat offender in its findings; a node with only history is not a culprit; a broken file
+    is a line in ``missing``."""
+    from spikeops.diagnosis import diagnose
+    from spikeops.history import NODE_HISTORY_FILE, node_history_document
+
+    bundle, answer = _diagnosed("gpu_xid", lambda a: "Xid 79 " in a.notes, tmp_path)
+    culprit = answer.culprit_nodes[0]
+    bystander = next(n for n in json.loads((bundle / "incident.json").read_text())["job"]["nodes"] if n != culprit)
+    events = [{"kind": "convict", "node": culprit, "incident_id": "inc-other-lineage", "cause": "gpu_ecc",
+               "time": "2026-11-20T10:00:00Z"},
+              {"kind": "convict", "node": bystander, "incident_id": "inc-older", "cause": "ib_link_flap",
+               "time": "2026-11-21T10:00:00Z"},
+              {"kind": "doubt", "node": bystander, "incident_id": "inc-later", "detail": "convicted in inc-older"},
+              {"kind": "convict", "node": culprit, "incident_id": "inc-this", "cause": "gpu_xid", "time": "x"}]
+    document = node_history_document(events, exclude="inc-this")
+    assert [(e["node"], e["incident_id"], e["in_doubt"]) for e in document] == [
+        (culprit, "inc-other-lineage", False), (bystander, "inc-older", True)]
+    (bundle / NODE_HISTORY_FILE).write_text(json.dumps(document))
+    result = diagnose(bundle).to_json()
+    assert result["culprit_nodes"] == [culprit]  # history alone never convicts the bystander
+    named = [f for f in result["findings"] if culprit in f["nodes"] and "convicted before" in f["summary"]]
+    assert named and "inc-other-lineage (gpu_ecc)" in named[0]["summary"]
+    (bundle / NODE_HISTORY_FILE).write_text("{not json")
+    result = diagnose(bundle).to_json()
+    assert result["culprit_nodes"] == [culprit] and any(m.startswith(NODE_HISTORY_FILE) for m in result["missing"])
+
+
+def test_the_flow_writes_the_nodes_earlier_convictions_into_the_bundle(tmp_path: Path) -> None:
+    """At open, the incident flow's memory writes node_history.json from the ledger: every
+    lineage's convictions of the job's nodes, the doubted ones said so."""
+    from spikeops.config import IncidentSettings
+    from spikeops.history import NODE_HISTORY_FILE
+    from spikeops.ledger.store import Ledger
+    from spikeops.tasks.ledger import IncidentMemory, Lineage
+
+    with Ledger() as ledger:
+        ledger.node_event({"cluster": "sim", "node": "gpu-007", "kind": "convict", "time": "2026-11-01T00:00:00Z",
+                           "cause": "gpu_ecc", "for_incident": None})
+        ledger.apply({"incident": {"incident_id": "inc-old", "cluster": "sim", "job_id": "77", "lineage": "77"},
+                      "jobs": [], "resume": None,
+                      "node_events": [{"cluster": "sim", "node": "gpu-007", "time": "2026-11-02T00:00:00Z",
+                                       "kind": "convict", "incident_id": "inc-old", "cause": "gpu_xid"},
+                                      {"cluster": "other", "node": "gpu-008", "time": "2026-11-02T00:00:00Z",
+                                       "kind": "convict", "incident_id": "inc-elsewhere", "cause": "gpu_xid"}]})
+    settings = IncidentSettings(job_id="91", inventory="i.toml", run_dir=str(tmp_path), cluster="sim",
+                                incidents_dir=str(tmp_path))
+    memory = IncidentMemory(settings, Lineage("sim", "91", "91"), "inc-new", str(tmp_path))
+    memory._node_history(["gpu-007", "gpu-008"])
+    document = json.loads((tmp_path / NODE_HISTORY_FILE).read_text())
+    assert [(e["node"], e["incident_id"], e["cause"]) for e in document] == [("gpu-007", "inc-old", "gpu_xid")]

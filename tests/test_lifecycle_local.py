@@ -148,6 +148,43 @@ def test_a_second_conviction_in_the_window_marks_a_node_for_replacement(world) -
 
 
 
+def test_a_node_that_cannot_be_reached_has_not_passed_and_a_flows_drain_is_taken_into_the_record(world) -> None:
+    """The incident flow's drain is written to the ledger only at the incident's end: the
+    lifecycle finds the node drained by spikeops and records it ("seen"). A node whose address
+    answers nothing fails its validation, every check unreachable, and is not released."""
+    import re
+
+    from spikeops.lifecycle.service import ClusterLife
+
+    world, scheduler = world
+    node = world.healthy[2]
+    scheduler.drain([node], "gpu_ecc", "inc-open-9")  # as the flow does, without the CLI
+    with ClusterLife.open(str(world.config), "sim", by="test") as life:
+        lines = life.observe(life.survey([node]))
+    assert lines and "drained by spikeops" in lines[0]
+    assert world.kinds(node)[-1] == ("drain", "seen") and world.history(node)["events"][-1]["incident"] == "inc-open-9"
+    code, out, _ = world.cli("nodes", "list")
+    assert code == 0 and node in out and "drained" in out and re.search(r"next: (wait|validate)", out), out
+    # its address answers nothing (a node off the network): not passed, stays drained
+    inventory = world.work / "unreachable.toml"
+    text = world.cluster.inventory.read_text()
+    inventory.write_text(re.sub(rf'^"{node}" = "[^"]+"$', f'"{node}" = "127.0.126.250"', text, flags=re.M))
+    config = world.work / "unreachable-spikeops.toml"
+    config.write_text(world.config.read_text().replace(str(world.cluster.inventory), str(inventory)))
+    from spikeops.cli import main
+    import io
+
+    out = io.StringIO()
+    code = main(["nodes", "validate", node, "--json", "--config", str(config)], out=out, err=io.StringIO())
+    (outcome,) = json.loads(out.getvalue())
+    assert code == 1 and outcome["outcome"] == "failed"
+    assert {c["verdict"] for c in outcome["validation"]["checks"]} == {"unreachable"}
+    assert world.history(node)["state"] == "failed-validation" and scheduler.nodes()[node].drained_by_spikeops
+    code, out, _ = world.cli("nodes", "release", node)
+    assert code == 1 and "did not pass" in out
+    assert world.cli("nodes", "release", node, "--force", "--reason", "test cleanup")[0] == 0
+
+
 SERVE = """
 import sys
 from spikeops.config import load_config

@@ -16,7 +16,8 @@ in order (docs/lifecycle.md):
    releasable: released with a person's yes (``release = "ask"``) or by itself (``"auto"``).
 7. A **reset-class conviction** (``spikeops.lifecycle.faults``) with no reboot in this cycle is
    rebooted into its drain first (``reboot = "auto"``), after a yes (``"ask"``), or not at all
-   (``"never"``: validation alone judges). A reboot that failed is a person's to look at.
+   (``"never"``: validation alone judges; likewise once a person declined it). A reboot that
+   failed is a person's to look at. A release a person declined is not asked again in the cycle.
 8. Otherwise it is **validated** once its wait is over: ``validate_after`` after the drain (or
    the reboot's end), doubled after each failed validation in this cycle (at most a day).
 """
@@ -82,6 +83,10 @@ def incident_of_reason(reason: str | None) -> str | None:
     return None
 
 
+def _span(seconds: int) -> str:
+    return f"{seconds} s" if seconds < 120 else f"{seconds // 60} min" if seconds < 7200 else f"{seconds / 3600:g} h"
+
+
 def _owner(node: Any) -> str:
     reason = f" with reason {node.reason!r}" if getattr(node, "reason", None) else ""
     return f"{node.state}{reason}: not spikeops' drain, left alone"
@@ -124,6 +129,9 @@ def next_step(record: NodeRecord, node: Any, policy: LifecyclePolicy, now: datet
                                f"marked for replacement (lemon_threshold {policy.lemon_threshold})")
     passed = record.passed()
     if passed is not None:
+        declined = record.declined_release()
+        if declined is not None:
+            return Step("hold", f"its release was declined by {declined.by} at {declined.time}: a person releases it")
         return Step("release", f"validation passed at {passed.time}", ask=policy.release == "ask")
     evidence = record.conviction_evidence()
     if evidence is not None and evidence.reset and not record.reboots() and policy.reboot != "never":
@@ -139,5 +147,5 @@ def next_step(record: NodeRecord, node: Any, policy: LifecyclePolicy, now: datet
         due = started + timedelta(seconds=wait)
         what = f"after {failures} failed validation(s)" if failures else "after its drain" + (
             " and reboot" if record.rebooted() else "")
-        return Step("wait", f"validated from {due:%Y-%m-%dT%H:%M:%SZ} ({wait // 60} min {what})", until=due)
+        return Step("wait", f"validated from {due:%Y-%m-%dT%H:%M:%SZ} ({_span(wait)} {what})", until=due)
     return Step("validate", "its wait is over" if started else "drained by spikeops, never validated")

@@ -2,8 +2,9 @@
 
 The ledger keeps events, oldest first: convictions (``convict``, with the evidence and whether a
 reset can clear it), doubts cast on them (``doubt``), and the lifecycle: ``drain``, ``reboot``
-(``requested``, then ``done`` or ``failed``), ``validate`` (``started``, then ``passed`` or
-``failed``), ``release``, ``force-release`` and ``replace``. This module is pure: from those
+(``requested``, then ``done`` or ``failed``; ``declined`` by a person), ``validate``
+(``started``, then ``passed`` or ``failed``), ``release`` (``done``, or ``declined`` by a
+person), ``force-release`` and ``replace``. This module is pure: from those
 events it tells the node's state, the cycle it is in (everything since its last drain), the
 convictions that count against it, and whether it has earned its release.
 
@@ -79,12 +80,17 @@ def _state_of(event: Event, now: datetime | None) -> str:
     return "replace"
 
 
+def _changes_state(event: Event) -> bool:
+    """A person's no to a release leaves the node where it was."""
+    return not (event.kind in ("release", "force-release") and event.result == "declined")
+
+
 def node_state(events: Iterable[Event], now: datetime | None = None) -> str | None:
     """The state the lifecycle events leave the node in (module docstring). A ``replace``
     mark holds until the node is released (by a person) or drained again."""
     state = None
     for event in events:
-        if event.kind not in LIFECYCLE_KINDS:
+        if event.kind not in LIFECYCLE_KINDS or not _changes_state(event):
             continue
         following = _state_of(event, now)
         if state == "replace" and following not in ("released",) and event.kind != "drain":
@@ -159,7 +165,14 @@ class NodeRecord:
         return events
 
     def released(self) -> bool:
-        return bool(self.cycle()) and self.cycle()[-1].kind in ("release", "force-release")
+        done = [e for e in self.cycle() if _changes_state(e)]
+        return bool(done) and done[-1].kind in ("release", "force-release")
+
+    def declined_release(self) -> Event | None:
+        """A person's no to releasing the node after its last passing validation."""
+        passed = self.passed()
+        return next((e for e in reversed(self._in_cycle("release")) if e.result == "declined"
+                     and (passed is None or e.time >= passed.time)), None)
 
     def cycle_conviction(self) -> Event | None:
         """The conviction behind the current drain: the drain's incident's, else the newest

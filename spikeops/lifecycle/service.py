@@ -153,8 +153,11 @@ class ClusterLife:
         incidents directory's ``_nodes/CLUSTER/NODE/``, where the outbox lands offline)."""
         from spikeops.notify import SlackNotifier
 
+        import re
+
         stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%fZ")
-        folder = Path(self.config.incidents_dir).expanduser() / "_nodes" / self.name / node / f"{key}-{stamp}"
+        safe = re.sub(r"[^A-Za-z0-9._-]", "_", node).lstrip(".") or "_"  # a node name is never a path
+        folder = Path(self.config.incidents_dir).expanduser() / "_nodes" / self.name / safe / f"{key}-{stamp}"
         delivery = SlackNotifier(folder, channel=self.cluster.slack_channel).stage(key, text)
         return {"posted": delivery.posted, "error": delivery.error, "folder": str(folder)}
 
@@ -390,6 +393,13 @@ class ClusterLife:
                                                     + (f"; approved by {approved_by}" if approved_by else ""))
             outcomes.append(outcome)
         return outcomes
+
+    def decline(self, node: str, action: str, by: str, why: str) -> None:
+        """A person's no to a reboot or a release: recorded, so it is not asked again in this
+        cycle (the reboot is skipped, validation alone judges; the release waits for a person)."""
+        record = self.record(node)
+        conviction = record.cycle_conviction()
+        self.note(node, action, "declined", why, incident=conviction.incident if conviction else None, by=by)
 
     def mark_replace(self, node: str, why: str) -> NodeOutcome:
         """A repeat offender: its drain reason says so, the ledger records ``replace``, Slack is
