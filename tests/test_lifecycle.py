@@ -338,3 +338,30 @@ def test_the_flow_writes_the_nodes_earlier_convictions_into_the_bundle(tmp_path:
     memory._node_history(["gpu-007", "gpu-008"])
     document = json.loads((tmp_path / NODE_HISTORY_FILE).read_text())
     assert [(e["node"], e["incident_id"], e["cause"]) for e in document] == [("gpu-007", "inc-old", "gpu_xid")]
+
+
+def test_the_local_scheduler_keeps_slurms_reboot_state_machine(tmp_path: Path) -> None:
+    from spikeops.schedulers import LocalScheduler
+
+    scheduler = LocalScheduler(tmp_path / "sched")
+    scheduler.add_nodes(["a", "b", "c", "d"])
+    scheduler.drain(["a", "b", "d"], "gpu_xid", "inc-1")
+    scheduler.set_node("c", "DRAIN", "PSU swap", "alice")
+    (missing,) = scheduler.reboot(["d"], "gpu_xid reboot", "inc-1")
+    node = scheduler.nodes()["d"]
+    assert missing.outcome == "failed" and "no reboot program" in missing.detail
+    assert node.base_state == "DOWN" and node.drained_by_spikeops and "reboot failed" in node.reason
+    # as Slurm, which skips a DOWN node: not rebooted again by spikeops, a person looks
+    assert scheduler.reboot(["d"], "again")[0].outcome == "refused"
+    program = tmp_path / "sched" / LocalScheduler.REBOOT_PROGRAM
+    program.write_text('#!/bin/sh\necho "$1" >> "$(dirname "$0")/rebooted"\n[ "$1" != b ]\n')
+    program.chmod(0o755)
+    (failed,) = scheduler.reboot(["b"], "x", "inc-1")
+    assert failed.outcome == "failed" and "exit 1" in failed.detail
+    (done,) = scheduler.reboot(["a"], "gpu_xid reboot", "inc-1")
+    node = scheduler.nodes()["a"]
+    assert done.outcome == "done" and node.base_state == "DRAIN" and node.boot_time and not node.flags
+    assert scheduler.reboot_status("a", done.extra["boot_before"])[0] == "done"
+    assert (tmp_path / "sched" / "rebooted").read_text().split() == ["b", "a"]
+    assert scheduler.reboot(["c"], "x")[0].outcome == "refused" and scheduler.nodes()["c"].reason == "PSU swap"
+    assert scheduler.release(["a"])[0].outcome == "done" and scheduler.nodes()["a"].boot_time == node.boot_time

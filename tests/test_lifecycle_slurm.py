@@ -144,3 +144,37 @@ def test_a_reset_class_node_is_rebooted_validated_and_released_with_approval(slu
     assert record["events"][-1]["by"] == "spikeops node-lifecycle (approved by alice)"
     # never touched: someone else's drain, its reason, its record
     assert _node(scheduler, theirs).reason.startswith("bad DIMM, RMA 4412") and world.history(theirs)["events"] == []
+
+
+def test_slurm_reboots_only_spikeops_drains_into_the_drain(slurm_world) -> None:
+    """The scheduler's reboot on the real slurmd: only a node spikeops drained, back drained with
+    a new BootTime and spikeops' reason; a repeat while it reboots is nothing to do, a release
+    then is refused; someone else's drain and an undrained node are refused."""
+    world, slurm, scheduler = slurm_world
+    mine, theirs, idle = world.cluster.nodes[:3]
+    env = {**os.environ, **slurm.env}
+    subprocess.run(["scontrol", "update", f"NodeName={theirs}", "State=DRAIN", "Reason=fan failure"], env=env,
+                   check=True, timeout=20)
+    assert scheduler.drain([mine], "gpu_xid", "inc-sr-1")[0].outcome == "done"
+    before = _node(scheduler, mine).fields.get("BootTime")
+    (asked,) = scheduler.reboot([mine], "gpu_xid reboot", "inc-sr-1")
+    assert asked.outcome == "done" and asked.extra["boot_before"] == before, asked.line()
+    assert asked.commands[1].argv[:3] == ["scontrol", "reboot", "reason=spikeops: gpu_xid reboot inc-sr-1"]
+    assert not any(word in " ".join(asked.commands[1].argv) for word in ("ASAP", "nextstate"))
+    assert scheduler.reboot_status(mine, before)[0] in ("rebooting", "done")
+    if scheduler.reboot_status(mine, before)[0] == "rebooting":
+        assert scheduler.reboot([mine], "again")[0].outcome == "nothing-to-do"
+        refused = scheduler.release([mine])[0]
+        assert refused.outcome == "refused" and "reboot is in progress" in refused.detail
+    for other, words in ((theirs, "fan failure"), (idle, "drain it first")):
+        result = scheduler.reboot([other], "x")[0]
+        assert result.outcome == "refused" and words in result.detail, result.line()
+    deadline = time.monotonic() + 60
+    while scheduler.reboot_status(mine, before)[0] == "rebooting" and time.monotonic() < deadline:
+        time.sleep(0.5)
+    status, detail = scheduler.reboot_status(mine, before)
+    after = _node(scheduler, mine)
+    assert status == "done" and after.drained_by_spikeops and after.reason.startswith("spikeops: gpu_xid reboot"), \
+        (status, detail, after.text)
+    assert slurmcluster.reboots(slurm.directory)[-1][0] == mine
+    assert _node(scheduler, theirs).reason.startswith("fan failure") and not _node(scheduler, idle).drained
