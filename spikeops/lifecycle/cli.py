@@ -120,6 +120,7 @@ def run_list(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     next step (the scheduler's list alone, said so, when the ledger cannot be read)."""
     from datetime import UTC, datetime
 
+    from spikeops.ledger.url import LedgerError
     from spikeops.lifecycle.plan import incident_of_reason
 
     now = datetime.now(UTC)
@@ -127,11 +128,7 @@ def run_list(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         try:
             views = life.survey(now=now)
             rows = [view.to_json(now) for view in views]
-        except Exception as exc:  # noqa: BLE001 - the scheduler's answer is still worth printing
-            from spikeops.errors import SpikeopsError
-
-            if not isinstance(exc, SpikeopsError) or "ledger" not in str(exc):
-                raise
+        except LedgerError as exc:  # the scheduler's answer is still worth printing
             err.write(f"spikeops nodes list: no lifecycle states ({str(exc).splitlines()[0][:300]})\n")
             rows = [{"node": n.name, "scheduler_state": n.state, "reason": n.reason, "lifecycle": None, "next": None}
                     for n in life.scheduler.drained()]
