@@ -96,7 +96,8 @@ def node_lifecycle(
                 report[node]["outcome"] = lifecycle_reboot(config, name, [node])[0]
             elif step["action"] == "validate":
                 result = lifecycle_validate(config, name, node)
-                report[node]["outcome"] = {k: v for k, v in result.items() if k != "validation"}
+                report[node]["outcome"] = report[node]["validated"] = {k: v for k, v in result.items()
+                                                                      if k != "validation"}
                 if result["outcome"] == "passed":
                     step = lifecycle_survey(config, name, [node])["nodes"][0]["next"]
                     report[node]["step"] = step
