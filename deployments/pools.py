@@ -7,7 +7,7 @@ served by workers that run near it, and its own deployment of the incident flow,
 receiver (``spikeops serve --receiver-only``) starts the deployment of the alert's cluster
 (``spikeops.tasks.start.CLUSTER_DEPLOYMENT``), so an alert about the east cluster can only run on
 east's workers. A cluster with a ``baseline_dir`` gets ``refresh-baselines/CLUSTER`` on its
-pool too.
+pool too, and every cluster ``node-lifecycle/CLUSTER`` (docs/lifecycle.md).
 
 The deployments name the flows by module (``spikeops.flows.incident_response.incident_response``), not
 by file: the workers run the spikeops installed beside them, whatever their working directory,
@@ -72,6 +72,7 @@ def deploy(config: SpikeopsConfig) -> dict[str, list[str]]:
     """Every cluster's pool and deployments, and the shared incident limit; returns each
     pool's deployments (full names). Idempotent: a second call updates them in place."""
     from spikeops.deployments.baselines import baseline_deployment
+    from spikeops.deployments.lifecycle import deployment_name, lifecycle_deployment
 
     if not config.clusters:
         raise ValueError("no [clusters.NAME] configured: nothing to deploy")
@@ -85,6 +86,8 @@ def deploy(config: SpikeopsConfig) -> dict[str, list[str]]:
         if cluster.baseline_dir:
             baseline_deployment(config, cluster=name).apply()
             deployed[pool].append(f"refresh-baselines/{name}")
+        lifecycle_deployment(config, name, pool=True).apply()
+        deployed[pool].append(deployment_name(name))
     return deployed
 
 

@@ -1,4 +1,5 @@
-"""Serving the incident flow, the scheduled baseline refresh and the alert receiver (``spikeops serve``).
+"""Serving the incident flow, the scheduled baseline refresh, the node lifecycle of each cluster
+and the alert receiver (``spikeops serve``).
 
 ``incident_deployment()`` is the flow as a served deployment: up to ``[incidents]
 max_concurrent`` incidents act at once, never two of one job (limits the flow holds itself,
@@ -108,6 +109,9 @@ def serve(config: SpikeopsConfig, addr: str | None = None, *, warm_start: bool =
     deployments = [incident_deployment(config)]
     if wants_baselines(config):  # a cluster with a baseline_dir: the scheduled refresh too
         deployments.append(baseline_deployment(config))
+    from spikeops.deployments.lifecycle import lifecycle_deployments
+
+    deployments += lifecycle_deployments(config)  # node-lifecycle/CLUSTER, each on its own schedule
     # Register the deployments before the receiver listens: an alert that arrives in between
     # would otherwise find no deployment to run and be answered 503.
     for deployment in deployments:

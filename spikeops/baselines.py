@@ -64,6 +64,7 @@ __all__ = [
     "refresh_baselines",
     "copy_baselines",
     "run_control",
+    "remote_run",
     "control_command",
     "node_states",
     "read_baseline",
@@ -423,10 +424,10 @@ def control_command(argv: Sequence[str], timeout: float) -> str:
     return "exec " + shlex.join(["timeout", "-k", str(_KILL_AFTER), seconds, *argv])
 
 
-def _keep_tail(buffer: bytearray, data: bytes) -> None:
+def _keep_tail(buffer: bytearray, data: bytes, keep: int = TAIL_BYTES) -> None:
     buffer.extend(data)
-    if len(buffer) > TAIL_BYTES:
-        del buffer[:-TAIL_BYTES]
+    if len(buffer) > keep:
+        del buffer[:-keep]
 
 
 def _verdict(exit_code: int | None, seconds: float, timeout: float, late: bool) -> tuple[str, str | None]:
@@ -443,7 +444,12 @@ def _verdict(exit_code: int | None, seconds: float, timeout: float, late: bool) 
     return "failed", f"exit {exit_code}"
 
 
-def _control_node(connector: Any, target: Target, argv: list[str], remote: str, timeout: float) -> ControlResult:
+def remote_run(connector: Any, target: Target, argv: list[str], remote: str, timeout: float, *,
+               keep: int = TAIL_BYTES) -> ControlResult:
+    """Run ``remote`` (a command line already bounded by ``timeout`` on the node) over SSH and
+    judge it; the last ``keep`` bytes of each stream are kept. Never raises for the node's
+    sake: unreachable, a timeout or a failure is the result's verdict. The control run uses
+    it, and so does node validation (``spikeops.lifecycle.validate``, with outputs to parse)."""
     from spikeops.collect.ssh import ConnectFailure
 
     started = datetime.now(UTC)
@@ -465,9 +471,9 @@ def _control_node(connector: Any, target: Target, argv: list[str], remote: str, 
         late = False
         while True:
             while channel.recv_ready():
-                _keep_tail(out, channel.recv(1 << 16))
+                _keep_tail(out, channel.recv(1 << 16), keep)
             while channel.recv_stderr_ready():
-                _keep_tail(err, channel.recv_stderr(1 << 16))
+                _keep_tail(err, channel.recv_stderr(1 << 16), keep)
             if channel.exit_status_ready() and not channel.recv_ready() and not channel.recv_stderr_ready():
                 break
             remaining = deadline - time.monotonic()
@@ -519,7 +525,7 @@ def run_control(
 
     def one(target: Target) -> ControlResult:
         try:
-            return _control_node(connector, target, argv, remote, timeout)
+            return remote_run(connector, target, argv, remote, timeout)
         except Exception as exc:  # a bug for one node must not lose the others
             return ControlResult(target.node, "failed", argv, iso(datetime.now(UTC)), None, 0.0,
                                  detail=f"spikeops error: {type(exc).__name__}: {exc}")

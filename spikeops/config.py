@@ -34,6 +34,16 @@ dask_scheduler = "tcp://10.1.0.5:8786"   # ... this one, near the nodes (docs/sc
 max_auto_resumes = 2                # resumes of one job lineage without a person...
 recurrence_window = "24h"           # ... within this window (s, m, h or d); past it a person decides
 oncall = "<!subteam^S0123ABC>"      # who Slack mentions when an incident waits for a person
+reboot = "ask"                      # reset-class faults: reboot into the drain? ask | auto | never
+release = "ask"                     # a node that passed validation: ask | auto (docs/lifecycle.md)
+validate_after = "30m"              # wait after the drain (or reboot) before validating; doubles per failure
+validation = ["nvidia-smi", "dcgmi-diag", "control", "all-reduce", "evidence"]
+validation_timeouts = { "dcgmi-diag" = 1800 }   # seconds per check (defaults in lifecycle/checks.py)
+allreduce_command = ["mpirun", "--host", "{node},{peer}", "-np", "2", "all_reduce_perf", "-b", "8M", "-e", "1G", "-f", "2", "-g", "{gpus}"]
+allreduce_min_busbw = 150.0         # GB/s the AllReduce with a healthy peer must reach (default: not checked)
+lemon_threshold = 2                 # convictions of one node within lemon_window -> marked for replacement
+lemon_window = "30d"
+lifecycle_every = "15m"             # how often the node-lifecycle deployment runs for this cluster
 
 [ledger]                            # the index across incidents (docs/ledger.md)
 url = "postgresql://spikeops@db.example/spikeops"   # default: SQLite under $XDG_STATE_HOME/spikeops
@@ -63,7 +73,7 @@ __all__ = ["ClusterConfig", "SpikeopsConfig", "IncidentSettings", "load_config",
            "DEFAULT_RECEIVER_ADDR", "DEFAULT_INCIDENTS_DIR", "DEFAULT_MAX_CONCURRENT", "JOB_ID", "CLUSTER_NAME",
            "SCHEDULERS", "APPROVALS", "SKIPPABLE", "REPLAYS", "COLLECT_RUNNERS",
            "DASK_ADDRESS", "DEFAULT_PREFECT_PORT", "DEFAULT_PREFECT_HOME", "DEFAULT_MAX_AUTO_RESUMES",
-           "DEFAULT_RECURRENCE_WINDOW", "parse_duration"]
+           "DEFAULT_RECURRENCE_WINDOW", "parse_duration", "lifecycle_policy"]
 
 DEFAULT_RECEIVER_ADDR = "127.0.0.1:8787"
 DEFAULT_INCIDENTS_DIR = "~/.local/state/spikeops/incidents"
@@ -134,6 +144,28 @@ class ClusterConfig:
     recurrence_window: str = DEFAULT_RECURRENCE_WINDOW
     #: Mentioned in Slack when an incident waits for a person (``<@U…>``, ``<!subteam^S…>``, ``@name``).
     oncall: str | None = None
+    #: The node lifecycle (docs/lifecycle.md): reboot reset-class faults into the drain
+    #: (ask | auto | never), release nodes that passed validation (ask | auto), when to
+    #: validate, which checks, the AllReduce, and the lemon rule.
+    reboot: str = "ask"
+    release: str = "ask"
+    validate_after: str = "30m"
+    validation: list[str] | None = None
+    validation_timeouts: dict[str, int] | None = None
+    allreduce_command: list[str] | None = None
+    allreduce_min_busbw: float | None = None
+    lemon_threshold: int = 2
+    lemon_window: str = "30d"
+    lifecycle_every: str = "15m"
+
+
+def lifecycle_policy(cluster: ClusterConfig) -> Any:
+    """The cluster's ``spikeops.lifecycle.plan.LifecyclePolicy``."""
+    from spikeops.lifecycle.plan import LifecyclePolicy
+
+    return LifecyclePolicy(reboot=cluster.reboot, release=cluster.release,
+                           validate_after_s=parse_duration(cluster.validate_after),
+                           lemon_threshold=cluster.lemon_threshold, lemon_window_s=parse_duration(cluster.lemon_window))
 
 
 @dataclass(frozen=True)
@@ -190,7 +222,9 @@ _CLUSTER_KEYS = set(ClusterConfig.__dataclass_fields__) - {"name"}
 #: Integer keys of a cluster and their bounds (inclusive).
 _INT_BOUNDS = {"approval_timeout_s": (1, 7 * 86400), "observe_steps": (0, 10_000),
                "observe_timeout_s": (0, 86_400), "control_timeout_s": (1, 86_400),
-               "replay_steps": (1, 1_000_000), "replay_timeout_s": (10, 7 * 86400), "max_auto_resumes": (0, 100)}
+               "replay_steps": (1, 1_000_000), "replay_timeout_s": (10, 7 * 86400), "max_auto_resumes": (0, 100),
+               "lemon_threshold": (1, 100)}
+_LIFECYCLE_CHOICES = {"reboot": ("ask", "auto", "never"), "release": ("ask", "auto")}
 _STR_KEYS = ("inventory", "run_dir", "scheduler_state_dir", "checkpoint_root", "slack_channel", "baseline_dir",
              "dask_scheduler", "oncall")
 
@@ -233,15 +267,41 @@ def _cluster(target: Path, name: str, table: Any) -> ClusterConfig:
         raise InputError(f"{where} dask_scheduler must be a Dask scheduler address (tcp://HOST:PORT), not {address!r}")
     if runner == "dask" and address is None:
         raise InputError(f"{where} collect_runner = \"dask\" needs dask_scheduler (tcp://HOST:PORT)")
-    if "recurrence_window" in table:
-        try:
-            parse_duration(table["recurrence_window"])
-        except ValueError as exc:
-            raise InputError(f"{where} recurrence_window must be {exc}") from None
+    for key in ("recurrence_window", "validate_after", "lemon_window", "lifecycle_every"):
+        if key in table:
+            try:
+                parse_duration(table[key])
+            except ValueError as exc:
+                raise InputError(f"{where} {key} must be {exc}") from None
+    _check_lifecycle(where, table)
     oncall = table.get("oncall")
     if oncall is not None and (len(oncall) > 200 or any(c in oncall for c in "\r\n")):
         raise InputError(f"{where} oncall must be one line of at most 200 characters (a Slack mention)")
     return ClusterConfig(name=name, **table)
+
+
+def _check_lifecycle(where: str, table: dict[str, Any]) -> None:
+    """The lifecycle keys of a cluster (docs/lifecycle.md), each checked for its type and range."""
+    from spikeops.lifecycle.checks import CHECKS
+
+    for key, choices in _LIFECYCLE_CHOICES.items():
+        if key in table and table[key] not in choices:
+            raise InputError(f"{where} {key} must be {' | '.join(choices)}, not {table[key]!r}")
+    checks = table.get("validation")
+    if checks is not None and (not isinstance(checks, list) or not checks or any(c not in CHECKS for c in checks)):
+        raise InputError(f"{where} validation must be a non-empty list of checks among {', '.join(CHECKS)}")
+    timeouts = table.get("validation_timeouts")
+    if timeouts is not None and (not isinstance(timeouts, dict) or any(
+            k not in CHECKS or isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 86400
+            for k, v in timeouts.items())):
+        raise InputError(f"{where} validation_timeouts must map checks ({', '.join(CHECKS)}) to 1..86400 seconds")
+    command = table.get("allreduce_command")
+    if command is not None and (not isinstance(command, list) or not command
+                                or not all(isinstance(part, str) and part for part in command)):
+        raise InputError(f"{where} allreduce_command must be a list of strings (argv; {{node}}, {{peer}}, {{gpus}})")
+    floor = table.get("allreduce_min_busbw")
+    if floor is not None and (isinstance(floor, bool) or not isinstance(floor, int | float) or floor <= 0):
+        raise InputError(f"{where} allreduce_min_busbw must be a positive number of GB/s")
 
 
 def load_config(path: str | Path | None = None) -> SpikeopsConfig:

@@ -25,9 +25,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = ["HISTORY_FILE", "PastIncident", "Plan", "parse_history", "history_document", "plan_of",
-           "skipped_of"]
+           "skipped_of", "NODE_HISTORY_FILE", "PastConviction", "parse_node_history", "node_history_document"]
 
 HISTORY_FILE = "history.json"
+#: The job's nodes' earlier convictions, in every lineage (docs/bundle.md): the ledger's node
+#: records as the bundle carries them, so the diagnosis names a repeat offender and stays a
+#: function of its bundle.
+NODE_HISTORY_FILE = "node_history.json"
 #: The remediation variables that name skipped batches (``spikeops.remediation``).
 _SKIP_STEPS = "SPIKEOPS_SKIP_STEPS"
 _SKIP_RANKS = "SPIKEOPS_SKIP_RANKS"
@@ -166,15 +170,21 @@ def _entry(index: int, raw: Any) -> PastIncident:
         resumed_path=_str(resumed.get("path")), plan=built)
 
 
-def parse_history(text: str) -> tuple[list[PastIncident], list[str]]:
-    """The entries of a history.json, oldest first, and what could not be read (one line each)."""
+def _json_list(text: str, name: str, unknown: str) -> tuple[list[Any], list[str]]:
+    """A file's JSON list, or nothing and one line saying why."""
     try:
         document = json.loads(text)
     except ValueError as exc:
-        return [], [f"history.json: not JSON ({str(exc)[:120]}); the lineage's earlier incidents are unknown"]
+        return [], [f"{name}: not JSON ({str(exc)[:120]}); {unknown}"]
     if not isinstance(document, list):
-        return [], ["history.json: not a list; the lineage's earlier incidents are unknown"]
-    entries, gaps = [], []
+        return [], [f"{name}: not a list; {unknown}"]
+    return document, []
+
+
+def parse_history(text: str) -> tuple[list[PastIncident], list[str]]:
+    """The entries of a history.json, oldest first, and what could not be read (one line each)."""
+    document, gaps = _json_list(text, HISTORY_FILE, "the lineage's earlier incidents are unknown")
+    entries: list[PastIncident] = []
     for index, raw in enumerate(document):
         try:
             entries.append(_entry(index, raw))
@@ -199,4 +209,49 @@ def history_document(incidents: Iterable[Mapping[str, Any]]) -> list[dict[str, A
                                                "env": dict(plan.get("env") or {}),
                                                "skipped": skipped_of(plan.get("env") or {})},
         })
+    return out
+
+
+@dataclass(frozen=True)
+class PastConviction:
+    """One earlier conviction of one of the job's nodes (``node_history.json``)."""
+
+    index: int
+    node: str
+    incident_id: str
+    cause: str | None
+    time: str | None
+    in_doubt: bool = False
+
+    def describe(self) -> str:
+        return f"{self.incident_id} ({self.cause}{', in doubt' if self.in_doubt else ''})"
+
+
+def parse_node_history(text: str) -> tuple[list[PastConviction], list[str]]:
+    """The entries of a node_history.json, oldest first, and what could not be read."""
+    document, gaps = _json_list(text, NODE_HISTORY_FILE, "the nodes' earlier convictions are unknown")
+    entries: list[PastConviction] = []
+    for index, raw in enumerate(document):
+        if not isinstance(raw, dict) or _str(raw.get("node")) is None or _str(raw.get("incident_id")) is None:
+            gaps.append(f"{NODE_HISTORY_FILE}: entry #{index} unreadable (needs node and incident_id)")
+            continue
+        entries.append(PastConviction(index, str(raw["node"]), str(raw["incident_id"]), _str(raw.get("cause")),
+                                      _str(raw.get("time")), raw.get("in_doubt") is True))
+    return entries, gaps
+
+
+def node_history_document(events: Iterable[Mapping[str, Any]], *, exclude: str | None = None) -> list[dict[str, Any]]:
+    """node_history.json's list from the ledger's node events (``convict`` and ``doubt``),
+    oldest first; ``exclude``: the incident being handled."""
+    events = list(events)
+    doubted = {(e.get("node"), str(d)) for e in events if e.get("kind") == "doubt"
+               for d in [e.get("detail") or ""]}
+    out = []
+    for event in sorted((e for e in events if e.get("kind") == "convict"), key=lambda e: str(e.get("time") or "")):
+        incident = event.get("incident_id")
+        if not incident or incident == exclude:
+            continue
+        in_doubt = any(node == event.get("node") and str(incident) in detail for node, detail in doubted)
+        out.append({"node": event.get("node"), "incident_id": incident, "cause": event.get("cause"),
+                    "time": event.get("time"), "in_doubt": in_doubt})
     return out

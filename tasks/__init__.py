@@ -14,6 +14,7 @@
 | start an incident for an alert or an anomaly | ``start`` |
 | one incident per job | ``concurrency`` |
 | memory across incidents: lineage, history, restart budget, cost | ``ledger`` |
+| after the drain: reboot, validate, release, replace (the node-lifecycle flow) | ``lifecycle`` |
 
 Tasks do the I/O (SSH, scheduler commands, Slack) and carry the retries; parsing, judging and
 deciding stay in the core (``spikeops.diagnosis``, ``spikeops.response``) so both can be

@@ -230,6 +230,7 @@ class IncidentMemory:
         if self.lineage.known:
             history = history_document(self.lineage.history)
             atomic_write(self.bundle / "history.json", (json.dumps(history, indent=1) + "\n").encode())
+            self._node_history(list(job.get("nodes") or []))
             if history:
                 self._say("history", f"Job {self.settings.job_id} is in lineage {self.lineage.lineage}: "
                           f"{len(history)} earlier incident(s) ({', '.join(h['incident_id'] for h in history[-5:])}) "
@@ -248,6 +249,33 @@ class IncidentMemory:
                 self.unreachable = why
                 self._say("ledger", f"The ledger cannot be reached ({why}); the incident goes on, and its entry "
                           "is kept to be written when the ledger answers")
+
+    def _node_history(self, nodes: list[str]) -> None:
+        """``node_history.json``: the job's nodes' earlier convictions in every lineage (the
+        diagnosis names a repeat offender; it never convicts on them). Left out when the ledger
+        does not answer: the diagnosis then knows the lineage's own history only."""
+        from spikeops.bundle import atomic_write
+        from spikeops.history import NODE_HISTORY_FILE, node_history_document
+
+        if not nodes:
+            return
+        try:
+            ledger = _open(_ledger_url())
+            try:
+                events = [e for rows in ledger.cluster_node_events(self.cluster, nodes).values() for e in rows]
+            finally:
+                ledger.close()
+        except Exception as exc:  # noqa: BLE001 - a gap in what the diagnosis knows, never a stop
+            if self.logger is not None:
+                self.logger.warning("ledger: the nodes' earlier convictions are unknown: %s", _why(exc, _ledger_url()))
+            return
+        document = node_history_document(events, exclude=self.incident)
+        atomic_write(self.bundle / NODE_HISTORY_FILE, (json.dumps(document, indent=1) + "\n").encode())
+        repeat = sorted({entry["node"] for entry in document})
+        if repeat:
+            self._say("node-history", f"Convicted before: {', '.join(repeat)} "
+                      f"({len(document)} earlier conviction(s), `spikeops nodes history NODE`); the diagnosis names "
+                      "them, and convicts only on this incident's evidence")
 
     # -- diagnosed ----------------------------------------------------------------------------
     def diagnosed(self, diagnosis: dict[str, Any]) -> None:

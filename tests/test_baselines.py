@@ -343,7 +343,7 @@ def test_the_deployments_load_with_prefects_own_loader() -> None:
     console = Console(file=io.StringIO())
     deployments, actions = _load_deploy_configs_and_actions(path, console=console)
     assert not console.file.getvalue(), console.file.getvalue()  # no validation complaint
-    assert [d["name"] for d in deployments] == ["incident-response", "refresh-baselines"]
+    assert [d["name"] for d in deployments] == ["incident-response", "refresh-baselines", "node-lifecycle"]
     for entry in raw["deployments"]:
         assert set(entry) <= set(DeploymentConfig.model_fields), entry
         assert entry["work_pool"]["name"] == "spikeops"

@@ -105,7 +105,7 @@ def test_the_installed_ledger_migrates_from_the_package(installed: Path, tmp_pat
                               timeout=120)
         assert done.returncode == 0, (argv, done.stdout, done.stderr[-2000:])
         outputs.append(done.stdout)
-    assert "schema 0001" in outputs[0] and "1 incident(s) imported" in outputs[1]
+    assert "schema 0002" in outputs[0] and "1 incident(s) imported" in outputs[1]
     assert [i["job_id"] for i in json.loads(outputs[2])] == [json.loads((bundle / "incident.json").read_text())
                                                            ["job"]["id"]]
 

@@ -20,7 +20,7 @@ from spikeops.ledger import LedgerError, default_url, ledger_url, mask_url
 from spikeops.ledger.entry import entry_from_bundle
 from spikeops.ledger.lost import lost_time, step_seconds
 from spikeops.ledger.spool import pending, replay, spool_entry
-from spikeops.ledger.store import Ledger, stamp
+from spikeops.ledger.store import HEAD, Ledger, stamp
 from spikeops.ledger.summary import summarize, views
 from spikeops.schedulers import ActionLog, ActionResult
 from spikeops.sim import build_bundle
@@ -126,13 +126,13 @@ def test_the_migrations_create_exactly_the_schema(url: str) -> None:
     from spikeops.ledger import schema
 
     with Ledger(url) as ledger:
-        assert ledger.revision() == "0001"
+        assert ledger.revision() == HEAD
         with ledger.engine.connect() as conn:
             differences = compare_metadata(MigrationContext.configure(conn), schema.metadata)
         assert differences == [], differences
         assert ledger.counts() == dict.fromkeys(("incidents", "jobs", "lineages", "resumes", "node_events"), 0)
     code, out, err = _cli("ledger", "upgrade")
-    assert code == 0 and "schema 0001" in out, err
+    assert code == 0 and f"schema {HEAD}" in out, err
 
 
 def test_an_unreachable_or_unwritable_ledger_is_one_line_without_its_password(tmp_path: Path) -> None:
@@ -339,10 +339,12 @@ def test_import_rebuilds_lineages_costs_and_node_records_from_bundles(url: str, 
     code, out, _ = _cli("nodes", "history", "ip-10-45-4-69", "--json")
     record = json.loads(out)
     assert set(record) == {"node", "cluster", "state", "convictions", "events"} and record["state"] == "drained"
-    assert record["convictions"][0] == {"incident_id": "inc-b1", "cause": "gpu_xid",
-                                        "time": record["convictions"][0]["time"]}
+    conviction = record["convictions"][0]
+    assert {k: conviction[k] for k in ("incident_id", "cause")} == {"incident_id": "inc-b1", "cause": "gpu_xid"}
+    assert conviction["time"] and conviction["evidence"]["xids"]  # the extension: what convicted it (docs/ledger.md)
     assert record["events"][0]["kind"] == "drain" and set(record["events"][0]) == {"time", "kind", "result", "by",
-                                                                                   "detail"}
+                                                                                   "detail", "incident"}
+    assert record["events"][0]["incident"] == "inc-b1"
     code, out, _ = _cli("incidents", "show", "inc-b2", "--json")
     assert json.loads(out)["lineage_incidents"] == ["inc-b1", "inc-b2"]
     code, out, err = _cli("incidents", "show", "inc-nope")

@@ -217,8 +217,13 @@ def test_the_receiver_routes_each_alert_to_its_clusters_deployment(tmp_path: Pat
     path = tmp_path / "spikeops.toml"
     path.write_text(CONFIG.format(root=tmp_path))
     config = load_config(path)
-    assert deploy(config) == {"spikeops-east": ["incident-response/east"], "spikeops-west": ["incident-response/west"]}
+    assert deploy(config) == {"spikeops-east": ["incident-response/east", "node-lifecycle/east"],
+                              "spikeops-west": ["incident-response/west", "node-lifecycle/west"]}
     assert deploy(config) == deploy(config)  # idempotent
+    with get_client(sync_client=True) as prefect:  # each cluster's node lifecycle, scheduled on its own pool
+        lifecycle = prefect.read_deployment_by_name("node-lifecycle/east")
+        assert lifecycle.work_pool_name == pool_name("east") and lifecycle.parameters == {"cluster": "east"}
+        assert lifecycle.schedules and lifecycle.entrypoint.startswith("spikeops.flows.node_lifecycle")
     client = TestClient(create_app(prefect_starter(config, CLUSTER_DEPLOYMENT, announce=False),
                                    ReceiverConfig(token="t")))
     runs = {}

@@ -53,7 +53,8 @@ COMMANDS: tuple[tuple[str, str, str], ...] = (
     ("ledger", "spikeops.ledger.cli:add_ledger_parser",
      "the ledger itself: import bundles, write spooled entries, migrate, show which"),
     ("demo", "spikeops.cli.demo:add_demo", "the whole pipeline on one machine: a cluster, a diverging job, the flow"),
-    ("nodes", "spikeops.cli.scheduler:add_nodes", "drain, release and list the nodes spikeops isolated"),
+    ("nodes", "spikeops.cli.scheduler:add_nodes",
+     "drain, reboot, validate, release and list the nodes spikeops isolated"),
     ("job", "spikeops.cli.scheduler:add_job", "stop, preserve and resume a job"),
 )
 

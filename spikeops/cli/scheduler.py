@@ -30,7 +30,7 @@ def _scheduler(args: argparse.Namespace):
     config = SlurmConfig(signal_grace=getattr(args, "grace", None) or 30.0,
                          resume_env=getattr(args, "env_var", None) or "SPIKEOPS_RESUME_FROM",
                          timeout=args.timeout)
-    return open_scheduler(args.scheduler, log_path=log, dry_run=args.dry_run, incident=args.incident,
+    return open_scheduler(args.scheduler or "slurm", log_path=log, dry_run=args.dry_run, incident=args.incident,
                           state_dir=args.state_dir, config=config)
 
 
@@ -56,25 +56,19 @@ def _cmd_nodes(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         from spikeops.ledger.cli import run_nodes_history
 
         return run_nodes_history(args, out, err)
-    scheduler = _scheduler(args)
-    if args.action == "list":
-        drained = scheduler.drained()
-        if args.json:
-            out.write(json.dumps([{"node": n.name, "state": n.state, "reason": n.reason,
-                                   "incident": next((w for w in (n.reason or "").split() if w.startswith("inc-")), None)}
-                                  for n in drained], indent=2) + "\n")
-        elif not drained:
-            out.write("no node is drained by spikeops\n")
-        else:
-            for node in drained:
-                out.write(f"{node.name:20} {node.state:16} {node.reason}\n")
-        return EXIT_OK
-    names = expand_nodes(args.nodes)
-    if args.action == "drain":
-        results = scheduler.drain(names, args.reason, args.incident)
-    else:
-        results = scheduler.release(names)
-    return _report_actions(results, out, args.json)
+    if args.action in ("validate", "reboot", "release", "list"):  # the lifecycle (docs/lifecycle.md)
+        from spikeops.lifecycle import cli as lifecycle
+
+        return {"validate": lifecycle.run_validate, "reboot": lifecycle.run_reboot, "release": lifecycle.run_release,
+                "list": lifecycle.run_list}[args.action](args, out, err)
+    from spikeops.lifecycle.cli import open_life, record_drains
+
+    with open_life(args) as life:  # the configured cluster's scheduler, or the flags'
+        results = life.scheduler.drain(expand_nodes(args.nodes), args.reason, args.incident)
+        status = _report_actions(results, out, args.json)
+        if not args.dry_run:
+            record_drains(life, args, results, err)
+    return status
 
 
 def _cmd_job(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
@@ -106,8 +100,9 @@ def _cmd_job(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 def scheduler_options() -> argparse.ArgumentParser:
     """The options every scheduler action takes (a parent parser)."""
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--scheduler", choices=("slurm", "local"), default="slurm",
-                        help="slurm (default; its commands on this machine, SLURM_CONF honoured) or local")
+    common.add_argument("--scheduler", choices=("slurm", "local"), default=None,
+                        help="slurm (the default without a configured cluster; its commands on this machine, "
+                             "SLURM_CONF honoured) or local")
     common.add_argument("--state-dir", help="the local scheduler's state directory")
     common.add_argument("--dry-run", action="store_true", help="print exactly what would run; change nothing")
     common.add_argument("--bundle", metavar="DIR",
@@ -119,21 +114,57 @@ def scheduler_options() -> argparse.ArgumentParser:
     return common
 
 
+LIFECYCLE = ("A node spikeops drained comes back only with a passing validation recorded since its drain "
+             "(docs/lifecycle.md); a repeat offender is marked for replacement. --cluster/--config name the "
+             "cluster of spikeops.toml (its scheduler, inventory and policy; the only one by default).")
+
+
+def _cluster_options() -> argparse.ArgumentParser:
+    options = argparse.ArgumentParser(add_help=False)
+    options.add_argument("--cluster", help="the cluster of spikeops.toml (default: the only one)")
+    options.add_argument("--config", help="spikeops.toml (default $SPIKEOPS_CONFIG or ./spikeops.toml)")
+    return options
+
+
 def add_nodes(commands: Any) -> None:
     common = scheduler_options()
-    nodes = commands.add_parser("nodes", help="drain, release and list the nodes spikeops isolated",
-                                description="Isolate nodes the way NHC does. " + SAFETY)
+    cluster = _cluster_options()
+    nodes = commands.add_parser("nodes", help="drain, reboot, validate, release and list the nodes spikeops isolated",
+                                description="Isolate nodes the way NHC does, and bring them back only when they have "
+                                "proven healthy. " + SAFETY + " " + LIFECYCLE)
     node_actions = nodes.add_subparsers(dest="action", metavar="ACTION", required=True)
-    drain = node_actions.add_parser("drain", parents=[common], help="drain nodes with a spikeops reason",
-                                    description="scontrol update NodeName=N State=DRAIN Reason='spikeops: TEXT ID'. "
-                                    + SAFETY)
+    drain = node_actions.add_parser("drain", parents=[common, cluster], help="drain nodes with a spikeops reason",
+                                    description="scontrol update NodeName=N State=DRAIN Reason='spikeops: TEXT ID'; "
+                                    "recorded in the ledger. " + SAFETY)
     drain.add_argument("nodes", nargs="+", metavar="NODE", help="node names or node sets (gpu-[001-004])")
     drain.add_argument("--reason", required=True, help="why (the cause); 'spikeops:' and the incident are added")
-    release = node_actions.add_parser("release", parents=[common], help="resume nodes spikeops drained",
+    reboot = node_actions.add_parser("reboot", parents=[common, cluster],
+                                     help="reboot nodes spikeops drained, into the drained state",
+                                     description="scontrol reboot reason='spikeops: ...' NODES on nodes that carry "
+                                     "spikeops' drain (no ASAP, no nextstate: the node comes back drained, to be "
+                                     "validated). Recorded in the ledger. " + SAFETY)
+    reboot.add_argument("nodes", nargs="+", metavar="NODE", help="node names or node sets")
+    reboot.add_argument("--why", help="a note for the ledger (default: the conviction's reset class)")
+    validate = node_actions.add_parser("validate", parents=[common, cluster],
+                                       help="run the cluster's validation checks on drained nodes over SSH",
+                                       description="Checks each node spikeops drained over SSH, each with its "
+                                       "timeout: nvidia-smi -q against the drain-time capture, dcgmi diag -r 2 where "
+                                       "installed, the healthy-run control, all_reduce_perf with an idle peer where "
+                                       "installed, and the evidence that convicted it. Every result goes into the "
+                                       "ledger; a node that cannot be reached or checked has not passed. Exit 0 "
+                                       "when every node passed, 1 when one failed or was refused.")
+    validate.add_argument("nodes", nargs="+", metavar="NODE", help="node names or node sets")
+    release = node_actions.add_parser("release", parents=[common, cluster],
+                                      help="resume nodes spikeops drained, once they passed validation",
                                       description="scontrol update NodeName=N State=RESUME, for nodes spikeops "
-                                      "drained only. " + SAFETY)
+                                      "drained whose last validation since the drain passed; a repeat offender "
+                                      "marked for replacement is refused. --force --reason overrides, recorded as "
+                                      "force-release with who and why. " + SAFETY)
     release.add_argument("nodes", nargs="+", metavar="NODE", help="node names or node sets")
-    node_actions.add_parser("list", parents=[common], help="the nodes spikeops has drained, with reasons")
+    release.add_argument("--force", action="store_true", help="release without a passing validation (needs --reason)")
+    release.add_argument("--reason", help="why the validation is overridden (recorded with your name)")
+    node_actions.add_parser("list", parents=[common, cluster],
+                            help="the nodes spikeops has drained: reason, lifecycle state, next step")
     from spikeops.ledger.cli import add_history_parser  # its parser only: the ledger loads when it runs
 
     add_history_parser(node_actions)

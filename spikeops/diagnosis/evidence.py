@@ -34,7 +34,7 @@ import pandas as pd
 from spikeops.bundle import Bundle, open_bundle
 from spikeops.diagnosis.counters import IB_WATCHED, congestion_counter_high
 from spikeops.errors import InputError, UnrecognisedInput
-from spikeops.history import HISTORY_FILE, PastIncident, parse_history
+from spikeops.history import HISTORY_FILE, NODE_HISTORY_FILE, PastConviction, PastIncident, parse_history, parse_node_history
 from spikeops.probes.bundle_files import (
     BatchRecord,
     Checkpoint,
@@ -53,6 +53,7 @@ from spikeops.timeparse import year_for
 __all__ = [
     "read_checkpoints",
     "read_history",
+    "read_node_history",
     "with_fresh_checkpoints",
     "MetricsTable",
     "Replay",
@@ -923,6 +924,8 @@ class BundleFacts:
     memo: dict[Any, Any] = field(default_factory=dict, repr=False, compare=False)
     #: The lineage's earlier incidents (``history.json``; ``spikeops.history``), oldest first.
     history: list[PastIncident] = field(default_factory=list)
+    #: The job's nodes' earlier convictions in every lineage (``node_history.json``).
+    node_history: list[PastConviction] = field(default_factory=list)
 
     @property
     def path(self) -> Path:
@@ -1016,17 +1019,30 @@ def load_bundle(path: str | Path, *, workers: int | None = None) -> BundleFacts:
     output.extend(item for facts in nodes for item in facts.output)
     history, gaps = read_history(bundle.path)
     missing.extend(gaps)
-    return BundleFacts(bundle, bundle.incident, metrics, nodes, checkpoints, missing, output, history=history)
+    convictions, gaps = read_node_history(bundle.path)
+    missing.extend(gaps)
+    return BundleFacts(bundle, bundle.incident, metrics, nodes, checkpoints, missing, output, history=history,
+                       node_history=convictions)
 
 
-def read_history(path: Path) -> tuple[list[PastIncident], list[str]]:
-    """The bundle's ``history.json`` (absent: no earlier incident known) and what could not be
-    read of it."""
-    target = path / HISTORY_FILE
+def _read_list_file(path: Path, name: str, parse: Any, unknown: str) -> tuple[list[Any], list[str]]:
+    """A bundle's list file read with ``parse`` (absent: empty), and what could not be read."""
+    target = path / name
     if not target.is_file():
         return [], []
     try:
         text = target.read_text(encoding="utf-8", errors="replace")
     except OSError as exc:
-        return [], [f"{HISTORY_FILE}: unreadable ({exc.strerror or exc}); the lineage's earlier incidents are unknown"]
-    return parse_history(text)
+        return [], [f"{name}: unreadable ({exc.strerror or exc}); {unknown}"]
+    return parse(text)
+
+
+def read_node_history(path: Path) -> tuple[list[PastConviction], list[str]]:
+    """The bundle's ``node_history.json`` (absent: none known) and what could not be read of it."""
+    return _read_list_file(path, NODE_HISTORY_FILE, parse_node_history, "the nodes' earlier convictions are unknown")
+
+
+def read_history(path: Path) -> tuple[list[PastIncident], list[str]]:
+    """The bundle's ``history.json`` (absent: no earlier incident known) and what could not be
+    read of it."""
+    return _read_list_file(path, HISTORY_FILE, parse_history, "the lineage's earlier incidents are unknown")

@@ -18,7 +18,8 @@ diagnosis stays a function of its bundle:
 - when the earlier incident's culprits were excluded and the anomaly came back without them,
   their conviction is in doubt: a finding and a ``doubt_conviction`` action say so (the nodes
   stay drained: the diagnosis releases nothing);
-- a node convicted before is named as such in the findings that name it; history alone never
+- a node convicted before (this lineage's history.json, or any lineage's conviction of it in
+  ``node_history.json``) is named as such in the findings that name it; history alone never
   convicts.
 
 The same checkpoint is never proposed again with the same plan (``safe_resume``).
@@ -201,14 +202,19 @@ def _doubt(ctx: Context, recurrence: Recurrence) -> tuple[Finding | None, list[s
     return finding, gone
 
 
-def _name_convictions(findings: Sequence[Finding], history: Sequence[PastIncident]) -> None:
-    """A node convicted before is named so in the findings that name it (never convicted by it)."""
-    before: dict[str, list[str]] = {}
+def _name_convictions(findings: Sequence[Finding], history: Sequence[PastIncident],
+                      node_history: Sequence[Any] = ()) -> None:
+    """A node convicted before (in this lineage's ``history.json``, or in any lineage's
+    ``node_history.json``) is named so in the findings that name it; never convicted by it."""
+    before: dict[str, dict[str, str]] = {}
     for entry in history:
         for node in entry.culprit_nodes:
-            before.setdefault(node, []).append(f"{entry.incident_id} ({entry.cause})")
+            before.setdefault(node, {})[entry.incident_id] = f"{entry.incident_id} ({entry.cause})"
+    for conviction in node_history:
+        before.setdefault(conviction.node, {}).setdefault(conviction.incident_id, conviction.describe())
     for finding in findings:
-        named = [f"{node} in {', '.join(before[node])}" for node in sorted(set(finding.nodes)) if node in before]
+        named = [f"{node} in {', '.join(before[node].values())}" for node in sorted(set(finding.nodes))
+                 if node in before]
         if named:
             finding.summary += f"; convicted before: {'; '.join(named)}"
 
@@ -218,9 +224,9 @@ def apply_history(findings: list[Finding], ctx: Context) -> HistoryVerdict:
     engine where (not) to resume and what to do."""
     history = list(getattr(ctx.facts, "history", None) or [])
     verdict = HistoryVerdict()
+    _name_convictions(findings, history, list(getattr(ctx.facts, "node_history", None) or []))
     if not history:
         return verdict
-    _name_convictions(findings, history)
     resumed = ctx.job.resumed_from
     interval = checkpoint_interval(c.step for c in ctx.facts.checkpoints or [])
     recurrence = find_recurrence(history, ctx.job.id, resumed.path if resumed is not None else None,

@@ -25,9 +25,8 @@ from spikeops.errors import InputError, SpikeopsError
 __all__ = ["add_parsers", "add_incidents_parser", "add_ledger_parser", "add_history_parser", "run_nodes_history", "node_history", "since_stamp", "import_bundles",
            "LIFECYCLE"]
 
-#: A node's lifecycle events (ledger.md) and the state each leaves it in.
-LIFECYCLE = {"drain": "drained", "reboot": "rebooting", "validate": "validating", "release": "released",
-             "force-release": "released", "replace": "replace"}
+#: A node's lifecycle event kinds (ledger.md); ``spikeops.lifecycle.record`` reads them.
+LIFECYCLE = ("drain", "reboot", "validate", "release", "force-release", "replace")
 
 
 def _ledger(config_path: str | None) -> Any:
@@ -185,31 +184,33 @@ def _cmd_report(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 
 def node_history(events: list[dict[str, Any]], node: str) -> dict[str, Any]:
     """ledger.md's ``nodes history`` object from a node's events (one cluster), oldest first.
-    A conviction someone later doubted carries ``in_doubt`` (an extension: docs/ledger.md)."""
+    A conviction someone later doubted carries ``in_doubt``; each conviction its ``evidence``
+    and each event its ``incident`` (extensions: docs/ledger.md)."""
+    from spikeops.lifecycle.record import NodeRecord
+
     clusters = sorted({e["cluster"] for e in events})
     if len(clusters) > 1:
         raise InputError(f"node {node} is known on clusters {', '.join(clusters)}: name one (--cluster)")
+    record = NodeRecord.from_rows(node, clusters[0] if clusters else None, events)
     doubts = [e for e in events if e["kind"] == "doubt"]
     convictions = []
     for event in events:
         if event["kind"] != "convict":
             continue
-        record = {"incident_id": event["incident_id"], "cause": event["cause"], "time": event["time"]}
+        entry = {"incident_id": event["incident_id"], "cause": event["cause"], "time": event["time"]}
+        if event.get("evidence"):
+            entry["evidence"] = event["evidence"]
         doubted = [d for d in doubts if d["detail"] and str(event["incident_id"]) in d["detail"]]
         if doubted:
-            record["in_doubt"] = [{"incident_id": d["incident_id"], "time": d["time"], "why": d["detail"]}
-                                  for d in doubted]
-        convictions.append(record)
-    lifecycle = [e for e in events if e["kind"] in LIFECYCLE]
-    state = None
-    if lifecycle:
-        last = lifecycle[-1]
-        state = LIFECYCLE[last["kind"]]
-        if last["kind"] == "validate" and str(last.get("result") or "").startswith(("fail", "failed")):
-            state = "failed-validation"
-    return {"node": node, "cluster": clusters[0] if clusters else None, "state": state, "convictions": convictions,
-            "events": [{"time": e["time"], "kind": e["kind"], "result": e["result"], "by": e["by"],
-                        "detail": e["detail"]} for e in lifecycle]}
+            entry["in_doubt"] = [{"incident_id": d["incident_id"], "time": d["time"], "why": d["detail"]}
+                                 for d in doubted]
+        convictions.append(entry)
+    from datetime import UTC, datetime
+
+    return {"node": node, "cluster": record.cluster, "state": record.state(datetime.now(UTC)),
+            "convictions": convictions,
+            "events": [{"time": e.time, "kind": e.kind, "result": e.result, "by": e.by, "detail": e.detail,
+                        "incident": e.incident} for e in record.lifecycle()]}
 
 
 def run_nodes_history(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:

@@ -148,6 +148,23 @@ def _recurrence_of(bundle: Path, job: Mapping[str, Any], diagnosis: Mapping[str,
     return found.earlier.incident_id if found else None
 
 
+def _conviction_evidence(bundle: Path, node: str, diagnosis: Mapping[str, Any]) -> Any:
+    """What convicted ``node`` (``spikeops.lifecycle.faults``), from the diagnosis and the node's
+    nvidia-smi in the bundle: the lifecycle reboots reset-class faults and re-checks the rest."""
+    from spikeops.lifecycle.faults import conviction_evidence
+    from spikeops.probes.nvidia_smi import parse_q
+
+    report = None
+    try:
+        if "/" in node or node.startswith("."):
+            raise ValueError(node)
+        text = (bundle / "nodes" / node / "nvidia-smi-q.txt").read_text(encoding="utf-8", errors="replace")
+        report = parse_q(text) if text.strip() else None
+    except (OSError, ValueError):
+        report = None
+    return conviction_evidence(node, diagnosis, report)
+
+
 def _first(actions: Iterable[Mapping[str, Any]], kind: str, outcomes: tuple[str, ...] = _DONE) -> dict[str, Any] | None:
     return next((dict(a) for a in actions if a.get("action") == kind and a.get("outcome") in outcomes), None)
 
@@ -232,10 +249,14 @@ def entry_from_bundle(bundle: str | Path, context: Mapping[str, Any] | None = No
     events = []
     convicted_at = incident["t_diagnosed"] or incident["opened"]
     for node in incident["culprit_nodes"]:
+        evidence = _conviction_evidence(root, node, diagnosis)
         events.append({"cluster": cluster, "node": node, "time": convicted_at, "kind": "convict",
                        "result": f"{primary.get('cause')} at confidence {primary.get('confidence')}",
-                       "by": "spikeops diagnosis", "detail": f"culprit of {incident['incident_id']}",
-                       "incident_id": incident["incident_id"], "cause": primary.get("cause")})
+                       "by": "spikeops diagnosis",
+                       "detail": f"culprit of {incident['incident_id']}: {evidence.describe()}"
+                                 + (f" (reset-class: {evidence.reset})" if evidence.reset else ""),
+                       "incident_id": incident["incident_id"], "cause": primary.get("cause"),
+                       "evidence": evidence.to_json()})
     for record in actions:
         kind = {"drain": "drain", "release": "release"}.get(str(record.get("action")))
         if kind and record.get("outcome") == "done":

@@ -11,7 +11,10 @@
   made, inside the lineage's lock, so two workers cannot both spend the last one);
 - ``node_events``: a node's record: convictions (``convict``), doubts about one (``doubt``),
   and its lifecycle (``drain``, ``reboot``, ``validate``, ``release``, ``force-release``,
-  ``replace``: the kinds of shared/spec/ledger.md; issue 26 adds the writers of the others).
+  ``replace``: the kinds of shared/spec/ledger.md; ``spikeops.lifecycle`` writes them). An
+  incident's own entry keys its events by ``incident_id`` (idempotent); lifecycle events, many
+  of one kind per incident, name theirs in ``for_incident``; ``evidence`` is what an event
+  rests on (JSON: a conviction's Xids and reset class, a validation's checks).
 
 Times are ISO 8601 UTC strings with a ``Z`` and whole seconds (``spikeops.ledger.store.stamp``),
 so they sort and compare as text in SQLite and PostgreSQL alike. The migrations in
@@ -120,6 +123,8 @@ node_events = Table(
     Column("detail", Text),
     Column("incident_id", ID),
     Column("cause", String(64)),
+    Column("for_incident", ID),
+    Column("evidence", JSON),
     UniqueConstraint("incident_id", "node", "kind", name="uq_node_events_incident"),
     Index("ix_node_events_node", "cluster", "node", "time"),
 )

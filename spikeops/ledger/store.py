@@ -38,7 +38,7 @@ SQLITE_BUSY_S = 30
 #: How long a PostgreSQL connection may take (an unreachable ledger must not hold an incident up).
 CONNECT_TIMEOUT_S = 5
 #: The newest migration this code knows.
-HEAD = "0001"
+HEAD = "0002"
 #: Resume states that spend the budget.
 _SPENDING = ("reserved", "done")
 _upgraded: set[str] = set()
@@ -204,6 +204,18 @@ class Ledger:
                     conn.execute(schema.node_events.insert().values(**event))
         return new
 
+    def node_event(self, event: Mapping[str, Any]) -> None:
+        """Append one event to a node's record (a lifecycle step: ``spikeops.lifecycle``). Its
+        incident goes in ``for_incident``: many lifecycle events of one kind share an incident,
+        and ``incident_id`` is the key of the incident's own entry."""
+        values = {k: v for k, v in event.items() if k in schema.node_events.c and k not in ("id", "incident_id")}
+        for required in ("cluster", "node", "kind"):
+            if not values.get(required):
+                raise LedgerError(f"a node event needs {required}")
+        values.setdefault("time", stamp())
+        with self._tx(f"record {values['kind']} of node {values['node']}") as conn:
+            conn.execute(schema.node_events.insert().values(**values))
+
     def _lineage_row(self, conn: Connection, cluster: str, lineage: str, first_seen: str) -> None:
         _insert_new(conn, schema.lineages, {"cluster": cluster, "lineage": lineage, "first_seen": first_seen,
                                             "incidents": 0, "updated": first_seen}, ("cluster", "lineage"))
@@ -304,6 +316,20 @@ class Ledger:
         with self._tx(f"read node {node}") as conn:
             rows = conn.execute(query.order_by(table.c.time, table.c.id)).mappings().all()
         return [dict(row) for row in rows]
+
+    def cluster_node_events(self, cluster: str, nodes: Iterable[str] | None = None) -> dict[str, list[dict[str, Any]]]:
+        """Every event of the cluster's nodes (or of ``nodes``), by node, oldest first."""
+        table = schema.node_events
+        query = sa.select(table).where(table.c.cluster == cluster)
+        wanted = list(nodes) if nodes is not None else None
+        if wanted is not None:
+            query = query.where(table.c.node.in_(wanted))
+        with self._tx(f"read the nodes of {cluster}") as conn:
+            rows = conn.execute(query.order_by(table.c.node, table.c.time, table.c.id)).mappings().all()
+        out: dict[str, list[dict[str, Any]]] = {node: [] for node in wanted or []}
+        for row in rows:
+            out.setdefault(row["node"], []).append(dict(row))
+        return out
 
     def counts(self) -> dict[str, int]:
         out = {}

@@ -4,9 +4,15 @@ The same actions and safety rules as Slurm (``policy``), over a state directory:
 process groups started here (their pid, command, added variables and node list in
 ``jobs/<id>.json``, their whole submission environment in ``jobs/<id>.env``, NUL-separated
 and 0600, as Slurm keeps one; their exit status in ``jobs/<id>.exit``), nodes are names with
-a state and a reason in ``nodes.json``. A resume starts the job again with its own stored
+a state, a reason, flags and a boot time in ``nodes.json``. A resume starts the job again with its own stored
 environment plus the remediation, never with the environment of the process resuming it. It is what ``spikeops demo`` uses when Slurm's packages are
 absent, so the pipeline runs end to end on one laptop with the same audit trail.
+
+A reboot keeps Slurm's state machine (docs/lifecycle.md): the node is marked
+``REBOOT_ISSUED`` (and is DOWN, still drained), the state directory's ``reboot-program NODE``
+runs (what Slurm's ``RebootProgram`` is: a machine of the demo's or the tests' sim cluster,
+restarted), and when it exits 0 the node has a new boot time and is back drained; a program
+that fails or is missing leaves the node DOWN with "reboot failed" in spikeops' reason.
 """
 
 from __future__ import annotations
@@ -38,8 +44,8 @@ from spikeops.schedulers.jobenv import (
     parse_env_file,
     resume_environment,
 )
-from spikeops.schedulers.policy import drain_verdict, release_verdict
-from spikeops.schedulers.slurm import STOP_MODES, _check_nodes, drain_reason
+from spikeops.schedulers.policy import drain_verdict, reboot_verdict, release_verdict
+from spikeops.schedulers.slurm import STOP_MODES, _check_nodes, drain_reason, reboot_progress
 
 __all__ = ["LocalScheduler", "LocalNode", "LocalJob"]
 
@@ -54,10 +60,13 @@ class LocalNode:
     reason: str | None = None
     reason_user: str | None = None
     flags: frozenset[str] = frozenset()
+    #: When the node last booted (ISO 8601), as Slurm's BootTime; None before its first reboot.
+    boot_time: str | None = None
 
     @property
     def drained(self) -> bool:
-        return self.base_state == "DRAIN"
+        # a node being rebooted is DOWN and keeps its drain, as in Slurm (DOWN+DRAIN+REBOOT_ISSUED)
+        return self.base_state == "DRAIN" or (self.base_state == "DOWN" and is_spikeops_reason(self.reason))
 
     @property
     def down(self) -> bool:
@@ -69,7 +78,15 @@ class LocalNode:
 
     @property
     def state(self) -> str:
-        return self.base_state
+        shown = self.base_state
+        if self.base_state == "DOWN" and self.reason and is_spikeops_reason(self.reason):
+            shown += "+DRAIN"
+        return "+".join([shown, *sorted(self.flags)])
+
+    @property
+    def fields(self) -> dict[str, str]:
+        """The Slurm-like fields the lifecycle reads (``BootTime``)."""
+        return {"BootTime": self.boot_time} if self.boot_time else {}
 
 
 @dataclass
@@ -130,11 +147,14 @@ class LocalScheduler:
             return {}
         except ValueError as exc:
             raise SchedulerError(f"{self._nodes_path()}: unreadable state ({exc})") from None
-        return {name: LocalNode(name, entry.get("state", "IDLE"), entry.get("reason"), entry.get("user"))
+        return {name: LocalNode(name, entry.get("state", "IDLE"), entry.get("reason"), entry.get("user"),
+                                frozenset(entry.get("flags") or ()), entry.get("boot"))
                 for name, entry in raw.items()}
 
     def _save_nodes(self, nodes: Mapping[str, LocalNode]) -> None:
-        document = {n.name: {"state": n.base_state, "reason": n.reason, "user": n.reason_user} for n in nodes.values()}
+        document = {n.name: {"state": n.base_state, "reason": n.reason, "user": n.reason_user,
+                             **({"flags": sorted(n.flags)} if n.flags else {}),
+                             **({"boot": n.boot_time} if n.boot_time else {})} for n in nodes.values()}
         atomic_write(self._nodes_path(), (json.dumps(document, indent=1) + "\n").encode())
 
     def add_nodes(self, names: Iterable[str]) -> None:
@@ -148,7 +168,8 @@ class LocalScheduler:
         """Change a node as someone else would (an operator, a health check)."""
         with self._locked():
             nodes = self.nodes()
-            nodes[name] = LocalNode(name, state, reason, user)
+            was = nodes.get(name)
+            nodes[name] = LocalNode(name, state, reason, user, boot_time=was.boot_time if was else None)
             self._save_nodes(nodes)
 
     def _job_path(self, job: str) -> Path:
@@ -276,7 +297,8 @@ class LocalScheduler:
             elif self.dry_run:
                 result.outcome, result.detail = "dry-run", f"would drain with reason {text!r}"
             else:
-                state[name] = LocalNode(name, "DRAIN", text, os.environ.get("USER", "spikeops"))
+                state[name] = LocalNode(name, "DRAIN", text, os.environ.get("USER", "spikeops"),
+                                        boot_time=state[name].boot_time)
                 self._save_nodes(state)
                 result.outcome, result.detail = "done", f"drained: {text}"
             results.append(self._finish(result))
@@ -299,11 +321,102 @@ class LocalScheduler:
                 result.outcome, result.detail = "dry-run", "would set IDLE"
             else:
                 was = state[name].reason
-                state[name] = LocalNode(name)
+                state[name] = LocalNode(name, boot_time=state[name].boot_time)
                 self._save_nodes(state)
                 result.outcome, result.detail = "done", f"released (was: {was})"
             results.append(self._finish(result))
         return results
+
+    #: The program a reboot runs (Slurm's RebootProgram): ``STATE/reboot-program NODE``.
+    REBOOT_PROGRAM = "reboot-program"
+    #: Seconds it may take (Slurm's ResumeTimeout).
+    REBOOT_TIMEOUT_S = 300.0
+
+    def reboot(self, nodes: Iterable[str], reason: str, incident: str | None = None) -> list[ActionResult]:
+        """Reboot nodes spikeops drained, into the drained state (module docstring)."""
+        names = _check_nodes(nodes)
+        incident = incident or self.incident
+        text = drain_reason(reason, incident)
+        results = []
+        for name in names:
+            with self._locked():
+                state = self._known([name])
+                node = state[name]
+                result = ActionResult("reboot", name, "", "", incident=incident, extra={"boot_before": node.boot_time})
+                verdict = reboot_verdict(node)
+                if verdict is None and self.dry_run:
+                    verdict = ("dry-run", f"would run {self.directory / self.REBOOT_PROGRAM} {name}")
+                if verdict is not None:
+                    result.outcome, result.detail = verdict
+                    results.append(self._finish(result))
+                    continue
+                state[name] = LocalNode(name, "DOWN", f"{text} : reboot issued", node.reason_user,
+                                        node.flags | {"REBOOT_ISSUED"}, node.boot_time)
+                self._save_nodes(state)
+            booted, why = self._run_reboot_program(name)  # outside the lock: a reboot takes a while
+            with self._locked():
+                state = self._known([name])
+                now = state[name]
+                if not now.drained_by_spikeops or "REBOOT_ISSUED" not in now.flags:
+                    result.outcome, result.detail = "failed", f"changed by someone else during the reboot ({now.state})"
+                elif booted:
+                    from datetime import UTC, datetime
+
+                    stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S")
+                    state[name] = LocalNode(name, "DRAIN", text, now.reason_user, now.flags - {"REBOOT_ISSUED"}, stamp)
+                    result.outcome, result.detail = "done", f"reboot requested into the drained state: {text} ({why})"
+                else:
+                    state[name] = LocalNode(name, "DOWN", f"{text} : reboot failed", now.reason_user,
+                                            now.flags - {"REBOOT_ISSUED"}, now.boot_time)
+                    result.outcome, result.detail = "failed", why
+                self._save_nodes(state)
+            results.append(self._finish(result))
+        return results
+
+    def _run_reboot_program(self, name: str) -> tuple[bool, str]:
+        program = self.directory / self.REBOOT_PROGRAM
+        if not os.access(program, os.X_OK):
+            return False, f"no reboot program ({program} is missing or not executable): the node cannot be rebooted"
+        try:
+            done = subprocess.run([str(program), name], capture_output=True, text=True, errors="replace",
+                                  timeout=self.REBOOT_TIMEOUT_S, check=False, stdin=subprocess.DEVNULL)
+        except subprocess.TimeoutExpired:
+            return False, f"{program} {name}: still running after {self.REBOOT_TIMEOUT_S:g} s (reboot timed out)"
+        except OSError as exc:
+            return False, f"{program} {name}: {exc.strerror or exc}"
+        if done.returncode != 0:
+            tail = (done.stderr.strip() or done.stdout.strip()).splitlines()[-1:] or [f"exit {done.returncode}"]
+            return False, f"{program.name} {name}: exit {done.returncode} ({tail[0][:200]})"
+        return True, f"{program.name} {name}: exit 0"
+
+    def set_reason(self, nodes: Iterable[str], reason: str, incident: str | None = None) -> list[ActionResult]:
+        """Rewrite the reason of nodes spikeops drained (as ``SlurmScheduler.set_reason``)."""
+        text = drain_reason(reason, incident)
+        results = []
+        with self._locked():
+            names = _check_nodes(nodes)
+            state = self._known(names)
+            for name in names:
+                node = state[name]
+                result = ActionResult("reason", name, "", "", incident=incident or self.incident)
+                if not node.drained_by_spikeops:
+                    result.outcome, result.detail = "refused", f"{node.state} ({node.reason or 'no reason'}): not " \
+                                                               "drained by spikeops, left alone"
+                elif (node.reason or "").startswith(text):
+                    result.outcome, result.detail = "nothing-to-do", f"already: {node.reason}"
+                elif self.dry_run:
+                    result.outcome, result.detail = "dry-run", f"would set the reason {text!r}"
+                else:
+                    state[name] = LocalNode(name, node.base_state, text, node.reason_user, node.flags, node.boot_time)
+                    self._save_nodes(state)
+                    result.outcome, result.detail = "done", f"reason: {text}"
+                results.append(self._finish(result))
+        return results
+
+    def reboot_status(self, name: str, boot_before: str | None) -> tuple[str, str]:
+        """Where a reboot stands (as ``SlurmScheduler.reboot_status``)."""
+        node = self.nodes().get(name)
+        return reboot_progress(node, boot_before, node.boot_time if node else None)
 
     def stop(self, job: str, *, signal: str | None = None, mode: str = "cancel", grace: float = 10.0) -> ActionResult:
         if mode not in STOP_MODES:

@@ -49,9 +49,9 @@ from spikeops.schedulers.jobenv import (
     resume_environment,
     slurm_state_env_path,
 )
-from spikeops.schedulers.policy import drain_verdict, release_verdict
+from spikeops.schedulers.policy import drain_verdict, reboot_verdict, rebooting, release_verdict
 
-__all__ = ["SlurmConfig", "SlurmScheduler", "drain_reason", "env_file_name", "STOP_MODES"]
+__all__ = ["SlurmConfig", "SlurmScheduler", "drain_reason", "env_file_name", "STOP_MODES", "reboot_progress"]
 
 STOP_MODES = ("cancel", "requeue", "hold")
 _NODE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -98,6 +98,21 @@ def drain_reason(reason: str, incident: str | None) -> str:
     if incident and incident not in text:
         text = f"{text} {incident}".strip()
     return f"{REASON_PREFIX} {text}"[:240]
+
+
+def reboot_progress(node: Any, boot_before: str | None, boot_now: str | None) -> tuple[str, str]:
+    """Where a reboot stands (``SlurmScheduler.reboot_status``; the local scheduler's too)."""
+    if node is None:
+        return "gone", "the node is no longer in the cluster"
+    if rebooting(node):
+        return "rebooting", f"{node.state}: the node has not registered again yet"
+    if not node.drained_by_spikeops:
+        return "gone", f"{node.state} ({node.reason or 'no reason'}): no longer drained by spikeops"
+    if boot_now and boot_now != boot_before:
+        return "done", f"booted at {boot_now}, back drained ({node.state})"
+    if node.down:
+        return "failed", f"{node.state}: the node did not boot again ({node.reason})"
+    return "failed", f"the reboot ended without a new boot time ({node.state}, BootTime {boot_now})"
 
 
 def _check_nodes(nodes: Iterable[str]) -> list[str]:
@@ -229,46 +244,89 @@ class SlurmScheduler:
             return None, f"{chosen}: {str(exc).splitlines()[0][:200]}"
 
     # ------------------------------------------------------------------ nodes
-    def drain(self, nodes: Iterable[str], reason: str, incident: str | None = None) -> list[ActionResult]:
-        """Drain each node with a spikeops reason, unless the rules above say no."""
+    def _node_action(self, action: str, nodes: Iterable[str], incident: str | None, verdict: Any,
+                     argv: Any, check: Any, done: Any, extra: Any = None) -> list[ActionResult]:
+        """One change per node, the same way for every node action: read the state, ask the
+        safety rule (``verdict(node)``: None or an outcome and why), run ``argv(name)``, read
+        the node again and confirm with ``check(node_before, node_after)``; logged whatever
+        the outcome. ``done(node)`` is the detail of a success."""
         names = _check_nodes(nodes)
-        incident = incident or self.incident
-        text = drain_reason(reason, incident)
         state, looked = self._known(names)
         results = []
         for name in names:
             node = state[name]
-            result = ActionResult("drain", name, "", "", [looked], incident)
-            verdict = drain_verdict(node)
-            if verdict is not None:
-                result.outcome, result.detail = verdict
+            result = ActionResult(action, name, "", "", [looked], incident, extra=extra(node) if extra else {})
+            said = verdict(node)
+            if said is not None:
+                result.outcome, result.detail = said
             else:
-                run = self._act([self.config.scontrol, "update", f"NodeName={name}", "State=DRAIN",
-                                 f"Reason={text}"])
+                run = self._act(argv(name))
                 result.commands.append(run)
-                result.outcome, result.detail = self._confirm(name, run, lambda n: n.drained_by_spikeops,
-                                                              f"drained: {text}", result)
+                result.outcome, result.detail = self._confirm(name, run, lambda after, before=node: check(before, after),
+                                                              done(node), result)
             results.append(self._finish(result))
         return results
 
+    def drain(self, nodes: Iterable[str], reason: str, incident: str | None = None) -> list[ActionResult]:
+        """Drain each node with a spikeops reason, unless the rules above say no."""
+        incident = incident or self.incident
+        text = drain_reason(reason, incident)
+        return self._node_action(
+            "drain", nodes, incident, drain_verdict,
+            lambda name: [self.config.scontrol, "update", f"NodeName={name}", "State=DRAIN", f"Reason={text}"],
+            lambda before, after: after.drained_by_spikeops, lambda node: f"drained: {text}")
+
     def release(self, nodes: Iterable[str]) -> list[ActionResult]:
         """Resume nodes spikeops drained; never one drained by anyone else."""
-        names = _check_nodes(nodes)
-        state, looked = self._known(names)
-        results = []
-        for name in names:
-            node = state[name]
-            result = ActionResult("release", name, "", "", [looked])
-            verdict = release_verdict(node)
-            if verdict is not None:
-                result.outcome, result.detail = verdict
-            else:
-                run = self._act([self.config.scontrol, "update", f"NodeName={name}", "State=RESUME"])
-                result.commands.append(run)
-                result.outcome, result.detail = self._confirm(
-                    name, run, lambda n: not n.drained_by_spikeops, f"released (was: {node.reason})", result)
-            results.append(self._finish(result))
-        return results
+        return self._node_action(
+            "release", nodes, None, release_verdict,
+            lambda name: [self.config.scontrol, "update", f"NodeName={name}", "State=RESUME"],
+            lambda before, after: not after.drained_by_spikeops, lambda node: f"released (was: {node.reason})")
+
+    def reboot(self, nodes: Iterable[str], reason: str, incident: str | None = None) -> list[ActionResult]:
+        """Reboot nodes spikeops drained, into the drained state: ``scontrol reboot
+        reason="spikeops: ..." NODES`` on a node that already carries spikeops' drain, without
+        ``ASAP`` and without ``nextstate`` (docs/lifecycle.md, "Reboot"): Slurm clears the DRAIN
+        flag after a reboot asked with either (22.05 refuses ``nextstate=DRAIN``), and a node
+        must come back drained, to be validated before it serves a job. The result's
+        ``extra.boot_before`` is the node's BootTime when asked: the reboot is over when its
+        REBOOT flags are gone and BootTime is another (``reboot_status``)."""
+        incident = incident or self.incident
+        text = drain_reason(reason, incident)
+        return self._node_action(
+            "reboot", nodes, incident, reboot_verdict,
+            lambda name: [self.config.scontrol, "reboot", f"reason={text}", name],
+            lambda before, after: after.drained_by_spikeops and (
+                rebooting(after) or after.fields.get("BootTime") != before.fields.get("BootTime")),
+            lambda node: f"reboot requested into the drained state: {text}",
+            extra=lambda node: {"boot_before": node.fields.get("BootTime")})
+
+    def set_reason(self, nodes: Iterable[str], reason: str, incident: str | None = None) -> list[ActionResult]:
+        """Rewrite the reason of nodes spikeops drained (a node marked for replacement says so
+        in it); a node someone else drained, or not drained, is refused."""
+        text = drain_reason(reason, incident)
+
+        def verdict(node: Any) -> tuple[str, str] | None:
+            if not node.drained_by_spikeops:
+                return "refused", f"{node.state} ({node.reason or 'no reason'}): not drained by spikeops, left alone"
+            if (node.reason or "").startswith(text):
+                return "nothing-to-do", f"already: {node.reason}"
+            return None
+
+        return self._node_action(
+            "reason", nodes, incident or self.incident, verdict,
+            lambda name: [self.config.scontrol, "update", f"NodeName={name}", "State=DRAIN", f"Reason={text}"],
+            lambda before, after: after.drained_by_spikeops and (after.reason or "").startswith(text),
+            lambda node: f"reason: {text}")
+
+    def reboot_status(self, name: str, boot_before: str | None) -> tuple[str, str]:
+        """``(status, detail)`` of a reboot asked when the node's BootTime was ``boot_before``:
+        ``rebooting`` (Slurm's REBOOT flags), ``done`` (booted since, still drained by
+        spikeops), ``failed`` (flags gone without a new boot: Slurm timed it out, the node is
+        DOWN) or ``gone`` (someone else changed the node meanwhile)."""
+        nodes, _ = self.show_nodes()
+        node = nodes.get(name)
+        return reboot_progress(node, boot_before, node.fields.get("BootTime") if node else None)
 
     def _confirm(self, name: str, run: CommandRun, check, done: str, result: ActionResult) -> tuple[str, str]:
         if not run.ran:

@@ -6,7 +6,8 @@ Every SSH session of the simulated cluster runs ``D/bin/node-shell`` (sshd's
 overrides and at the fake tools, and runs the client's command with ``/bin/sh``: pipes,
 ``timeout``, ``grep`` and ``cat`` are the real ones. Only the tools a GPU node has and this
 machine has not are faked (``nvidia-smi``, ``dmesg``, ``journalctl``, ``ethtool``,
-``ibstat``), each a few lines of ``/bin/sh`` that print the node's captured file: a benchmark
+``ibstat``, a site's ``healthy-run``; and, only on the nodes where a test installs them, for
+node validation, ``dcgmi``, nccl-tests' ``all_reduce_perf`` and ``mpirun``), each a few lines of ``/bin/sh`` that print the node's captured file: a benchmark
 opens thousands of sessions on two cores, so a Python start per call would be the bottleneck.
 
 A tool whose file the node lacks behaves like a command that is not installed (``sh: 1:
@@ -33,7 +34,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["TOOLS", "OVERRIDES", "real_pyspy", "BINARY_OUTPUT", "LoginCost", "CHEAP_LOGIN", "REAL_LOGIN", "REAL_LOGIN_CPU",
+__all__ = ["TOOLS", "INSTALLABLE", "OVERRIDES", "real_pyspy", "BINARY_OUTPUT", "LoginCost", "CHEAP_LOGIN", "REAL_LOGIN", "REAL_LOGIN_CPU",
            "ToolTimes", "NO_TOOL_TIMES", "REAL_TOOL_TIMES", "write_tools", "write_override", "login_cost_block",
            "NOT_FOUND_EXIT"]
 
@@ -126,6 +127,82 @@ _IBSTAT = """#!/bin/sh
 exec cat "$SPIKEOPS_SIM_NODE/ibstat.txt"
 """
 
+_DCGMI = """#!/bin/sh
+# spikeops sim: dcgmi. 'dcgmi diag ...' prints the node's dcgmi-diag.txt, a real dcgmi capture
+# (spikeops.sim.nodelife.set_tool); without it DCGM is not installed on the node.
+d=$SPIKEOPS_SIM_NODE
+[ -f "$d/dcgmi-diag.txt" ] || { @MISSING@; }
+case " $* " in
+    *" diag "*) cat "$d/dcgmi-diag.txt"; exit "$(cat "$d/dcgmi.exit" 2>/dev/null || echo 0)" ;;
+esac
+echo "dcgmi: only 'dcgmi diag' is simulated on spikeops nodes" >&2
+exit 1
+"""
+
+_ALL_REDUCE = """#!/bin/sh
+# spikeops sim: nccl-tests' all_reduce_perf in its printed form (nccl-tests' PRINT formats,
+# src/util.cu): the header, one line per rank on each host mpirun named ($SPIKEOPS_SIM_HOSTS),
+# then the table and footer spikeops.sim.nodelife rendered (pass, wrong, slow, error). Without
+# all_reduce_perf.rows nccl-tests is not installed on the node.
+d=$SPIKEOPS_SIM_NODE
+[ -f "$d/all_reduce_perf.rows" ] || { @MISSING@; }
+g=8
+while [ $# -gt 0 ]; do
+    case $1 in -g) g=$2; shift ;; esac
+    shift
+done
+printf '# nccl-tests version 2.13.9 nccl-headers=21903 nccl-library=21903\\n'
+printf '# Collective test starting: all_reduce_perf\\n'
+printf '# nThread %d nGpus %d minBytes %d maxBytes %d step: %d(%s) warmup iters: %d iters: %d agg iters: %d validation: %d graph: %d\\n' 1 "$g" 8388608 1073741824 2 factor 5 20 1 1 0
+printf '#\\n# Using devices\\n'
+rank=0
+old=$IFS; IFS=,
+for h in ${SPIKEOPS_SIM_HOSTS:-$SPIKEOPS_SIM_NAME}; do
+    i=0
+    while [ "$i" -lt "$g" ]; do
+        printf '#  Rank %2d Group %2d Pid %6d on %10s device %2d [%04x:%02x:%02x] %s\\n' "$rank" 0 $((4100 + rank)) "$h" "$i" 0 $((25 + 16 * i)) 0 "NVIDIA H100 80GB HBM3"
+        rank=$((rank + 1)); i=$((i + 1))
+    done
+done
+IFS=$old
+cat "$d/all_reduce_perf.rows"
+exit "$(cat "$d/all_reduce_perf.exit" 2>/dev/null || echo 0)"
+"""
+
+_MPIRUN = """#!/bin/sh
+# spikeops sim: mpirun, as far as spikeops' AllReduce uses it: --host/-H LIST names the hosts
+# (passed to the program as $SPIKEOPS_SIM_HOSTS), -np/-x/--map-by/--bind-to take a value,
+# --mca two, other options none; then the program runs.
+hosts=
+while [ $# -gt 0 ]; do
+    case $1 in
+        --host|-H) hosts=$2; shift 2 ;;
+        -np|-n|-x|--map-by|--bind-to|-N|--npernode) shift 2 ;;
+        --mca) shift 3 ;;
+        -*) shift ;;
+        *) break ;;
+    esac
+done
+[ $# -gt 0 ] || { echo "mpirun: no program given" >&2; exit 1; }
+SPIKEOPS_SIM_HOSTS=${hosts:-$SPIKEOPS_SIM_NAME}
+export SPIKEOPS_SIM_HOSTS
+exec "$@"
+"""
+
+_HEALTHY_RUN = """#!/bin/sh
+# spikeops sim: a site's healthy-run control (the seed's periodic short run of pure compute):
+# a few steps and exit 0, or, with the node's healthy-run.mode "fail", the CUDA error a broken
+# GPU gives a real one, and exit 1 (spikeops.sim.nodelife.set_tool).
+mode=$(cat "$SPIKEOPS_SIM_NODE/healthy-run.mode" 2>/dev/null || echo pass)
+if [ "$mode" = fail ]; then
+    echo "healthy-run: step 1 loss 2.3117"
+    echo "RuntimeError: CUDA error: an illegal memory access was encountered" >&2
+    exit 1
+fi
+for step in 1 2 3; do echo "healthy-run: step $step loss 2.31$step"; done
+exit 0
+"""
+
 #: Fake tools in D/bin: name -> script.
 TOOLS = {
     "nvidia-smi": _NVIDIA_SMI,
@@ -133,6 +210,14 @@ TOOLS = {
     "journalctl": _KERNEL,
     "ethtool": _ETHTOOL,
     "ibstat": _IBSTAT,
+    "healthy-run": _HEALTHY_RUN,
+}
+#: Tools a node has only once installed on it (``spikeops.sim.nodelife.set_tool`` puts them in
+#: ``D/nodes/<node>/bin``, so ``command -v`` finds them exactly where they are installed).
+INSTALLABLE = {
+    "dcgmi": _DCGMI,
+    "all_reduce_perf": _ALL_REDUCE,
+    "mpirun": _MPIRUN,
 }
 
 _DIES = """#!/bin/sh
@@ -311,6 +396,16 @@ def write_tools(root: Path, login: LoginCost = CHEAP_LOGIN, tools: ToolTimes = N
 
 #: What the ``binary`` fault's nvidia-smi prints.
 BINARY_OUTPUT = bytes(range(256)) * 64 + b"\0\0" + b"x" * 300_000 + b"\n\0tail without a newline \xff\xfe"
+
+
+def install_tool(root: Path, node_dir: Path, tool: str, installed: bool) -> None:
+    """Put one of ``INSTALLABLE`` on the node's PATH (``node_dir/bin``), or take it off."""
+    target = node_dir / "bin" / tool
+    if installed:
+        target.parent.mkdir(exist_ok=True)
+        _write_script(target, _fill(INSTALLABLE[tool], root))
+    else:
+        target.unlink(missing_ok=True)
 
 
 def write_override(root: Path, node_dir: Path, kind: str) -> None:

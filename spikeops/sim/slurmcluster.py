@@ -36,6 +36,21 @@ up|down|status`` (``infra/slurm/up`` and ``infra/slurm/down`` wrap it). The core
 spikeops never imports this. External programs are overridable (``SPIKEOPS_MUNGED``,
 ``SPIKEOPS_SLURMCTLD``, ``SPIKEOPS_SLURMD``, ``SPIKEOPS_SINFO``), as NHC does.
 
+**Reboots** (``up(D, reboot=True)``): slurm.conf names ``D/bin/reboot-node`` as
+``RebootProgram``, so ``scontrol reboot [ASAP] [nextstate=...] NODES`` goes through Slurm's real
+path: slurmctld marks the node ``REBOOT_REQUESTED``, then ``REBOOT_ISSUED`` once it is idle, and
+sends the node's slurmd the request; that slurmd runs the program. A reboot completes, for
+slurmctld, only when the node's slurmd registers again with a boot time after the request
+(``node_mgr.c``); slurmd computes its boot time from ``sysinfo()``'s uptime. So the program
+(``REBOOT_PROGRAM``) finds the slurmd that ran it (its ``-N NODE``), appends ``NODE TIME`` to
+``D/log/reboots.log``, runs ``D/reboot-hook NODE`` when that file is executable (what a test
+does to the node's "hardware" while it is down: clear a fault, or not), and then, detached,
+stops that slurmd and starts it again with the same arguments inside a new time namespace
+whose boot clock starts at zero (``unshare --time --boottime -UPTIME``): the kernel then
+reports an uptime of a second to the new slurmd, as after a real boot, with no test-only
+switch in slurmd (Slurm's own ``slurmd -b`` would do the same for the test suite).
+``ResumeTimeout`` stays Slurm's default (60 s): a node that does not come back is DOWN.
+
 Slurm 22.05 behaviours the callers meet (not choices of this module): a node set to
 ``State=RESUME`` shows ``idle*`` (not responding) for a fraction of a second until
 slurmctld has pinged it; ``scontrol requeue`` holds the job PENDING with
@@ -83,6 +98,9 @@ __all__ = [
     "check_names",
     "free_ports",
     "find_processes",
+    "REBOOT_PROGRAM",
+    "write_reboot_program",
+    "reboots",
     "main",
 ]
 
@@ -99,7 +117,64 @@ _PREFIX = re.compile(r"^[A-Za-z][A-Za-z0-9-]*$")
 # An explicit node name: what slurm.conf, hostlists and file names take without quoting.
 _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9._-]{0,62}$")
 # What up writes in D (and may replace when the cluster there is stopped).
-_ENTRIES = ("cluster.json", "slurm.conf", "munge", "state", "spool", "run", "log")
+_ENTRIES = ("cluster.json", "slurm.conf", "munge", "state", "spool", "run", "log", "bin", "reboot-hook")
+#: Slurm's RebootProgram for ``up(reboot=True)`` (module docstring, "Reboots"); @PYTHON@ and
+#: @ROOT@ are filled in. It runs as root under slurmd (``system()``), so it is small and
+#: touches nothing outside D but the slurmd that ran it.
+REBOOT_PROGRAM = """#!@PYTHON@ -I
+# spikeops sim: Slurm's RebootProgram (spikeops.sim.slurmcluster, "Reboots"). The node is the
+# -N of the slurmd that runs this; the reboot: D/reboot-hook NODE, then that slurmd stopped and
+# started again in a time namespace whose boot clock starts at zero.
+import os, signal, subprocess, sys, time
+
+ROOT = @ROOT@
+
+
+def ancestors():
+    pid = os.getppid()
+    while pid > 1:
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as handle:
+                argv = [part.decode() for part in handle.read().split(b"\\0") if part]
+            with open(f"/proc/{pid}/stat") as handle:
+                stat = handle.read()
+        except OSError:
+            return
+        yield pid, argv
+        pid = int(stat[stat.rfind(")") + 2:].split()[1])
+
+
+found = next(((pid, argv) for pid, argv in ancestors()
+              if argv and os.path.basename(argv[0]) == "slurmd" and "-N" in argv[:-1]), None)
+if found is None:
+    sys.exit("reboot-node: not run by a slurmd -N NODE")
+slurmd, argv = found
+node = argv[argv.index("-N") + 1]
+with open(f"{ROOT}/log/reboots.log", "a") as log:
+    log.write(f"{node} {time.time():.3f}\\n")
+hook = f"{ROOT}/reboot-hook"
+if os.access(hook, os.X_OK):
+    subprocess.run([hook, node], timeout=120, check=False, stdin=subprocess.DEVNULL)
+if os.fork():
+    sys.exit(0)  # slurmd's system() returns; the node goes down after
+os.setsid()
+if os.fork():
+    os._exit(0)
+out = os.open(f"{ROOT}/log/reboot-{node}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+os.dup2(out, 1)
+os.dup2(out, 2)
+os.kill(slurmd, signal.SIGTERM)
+deadline = time.monotonic() + 30
+while os.path.exists(f"/proc/{slurmd}") and time.monotonic() < deadline:
+    time.sleep(0.1)
+if os.path.exists(f"/proc/{slurmd}"):
+    os.kill(slurmd, signal.SIGKILL)
+    time.sleep(0.5)
+time.sleep(1.0)  # down for a moment: the new boot time is after the request
+with open("/proc/uptime") as handle:
+    uptime = int(float(handle.read().split()[0]))
+os.execvp("unshare", ["unshare", "--time", f"--boottime=-{uptime}", *argv])
+"""
 # Programs whose command line naming D makes them D's daemons (slurmctld's helper
 # slurmscriptd renames itself and is found as its child).
 _DAEMONS = (b"munged", b"slurmctld", b"slurmd")
@@ -224,7 +299,7 @@ def _spool_alias(root: Path) -> Path:
 
 
 def slurm_conf(root: Path, nodes: Sequence[str], *, ctld_port: int, node_ports: Sequence[int], cpus: int,
-               spool: Path | None = None) -> str:
+               spool: Path | None = None, reboot_program: Path | None = None) -> str:
     """The ``slurm.conf`` of the cluster in ``root``.
 
     Everything a daemon writes is under ``root`` (state, spools, pid files, logs), the munge
@@ -234,6 +309,7 @@ def slurm_conf(root: Path, nodes: Sequence[str], *, ctld_port: int, node_ports: 
     need no cgroup; no accounting (no slurmdbd). ``MinJobAge=600`` keeps a finished job
     visible to ``scontrol show job``; ``KillWait=2`` makes a cancel or requeue take seconds;
     ``batch_sched_delay=0`` starts a submitted job at once rather than up to 3 s later.
+    ``reboot_program``: Slurm's ``RebootProgram`` (module docstring, "Reboots").
     """
     if len(node_ports) != len(nodes):
         raise ValueError("one port per node")
@@ -273,6 +349,7 @@ def slurm_conf(root: Path, nodes: Sequence[str], *, ctld_port: int, node_ports: 
         "SlurmctldTimeout=10",
         "SlurmdTimeout=10",
         "InactiveLimit=0",
+        *([f"RebootProgram={reboot_program}"] if reboot_program is not None else []),
         *(f"NodeName={node} NodeHostname=localhost Port={port} CPUs={cpus} State=UNKNOWN"
           for node, port in zip(nodes, node_ports, strict=True)),
         f"PartitionName={PARTITION} Nodes=ALL Default=YES MaxTime=INFINITE State=UP",
@@ -448,15 +525,46 @@ def _start(cluster: SlurmCluster, timeout: float) -> dict[str, int]:
 # ---------------------------------------------------------------------------- API
 
 
+def write_reboot_program(root: Path) -> Path:
+    """``D/bin/reboot-node``: the RebootProgram (``REBOOT_PROGRAM``), run by this interpreter."""
+    import json
+
+    path = root / "bin" / "reboot-node"
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(REBOOT_PROGRAM.replace("@PYTHON@", sys.executable).replace("@ROOT@", json.dumps(str(root))),
+                    encoding="utf-8")
+    path.chmod(0o755)
+    return path
+
+
+def reboots(directory: str | Path) -> list[tuple[str, float]]:
+    """(node, time) of every reboot the RebootProgram began, oldest first."""
+    path = Path(directory) / "log" / "reboots.log"
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return []
+    out = []
+    for line in lines:
+        node, _, when = line.partition(" ")
+        try:
+            out.append((node, float(when)))
+        except ValueError:
+            continue
+    return out
+
+
 def up(directory: str | Path, *, nodes: int | None = None, prefix: str = "node", cpus: int = 2,
-       port: int | None = None, ready_timeout: float = 30.0, names: Sequence[str] | None = None) -> SlurmCluster:
+       port: int | None = None, ready_timeout: float = 30.0, names: Sequence[str] | None = None,
+       reboot: bool = False) -> SlurmCluster:
     """Start munged, slurmctld and ``nodes`` slurmd in ``directory``; return once every node
     is idle in ``sinfo`` (at most ``ready_timeout`` seconds, else ClusterError with the end
     of the log that says why). Nodes are ``prefix`` + 001.. (``nodes`` of them, default 4),
     or exactly ``names`` when given (``check_names``; ``prefix`` is then unused, and
     ``nodes``, if given too, must be their count). ``port`` is slurmctld's and the nodes take
-    the ports after it; None takes a free block. On any failure, what was started is
-    stopped again.
+    the ports after it; None takes a free block. ``reboot``: ``scontrol reboot`` works
+    (module docstring, "Reboots"; ``D/reboot-hook NODE`` is the test's say in it). On any
+    failure, what was started is stopped again.
     """
     if names is None:
         names = node_names(4 if nodes is None else nodes, prefix)
@@ -494,8 +602,10 @@ def up(directory: str | Path, *, nodes: int | None = None, prefix: str = "node",
         key = root / "munge" / "munge.key"
         key.write_bytes(os.urandom(1024))
         key.chmod(0o400)
+        program = write_reboot_program(root) if reboot else None
         cluster.conf.write_text(slurm_conf(root, names, ctld_port=port, node_ports=node_ports, cpus=cpus,
-                                           spool=spool_directory(root, names)), encoding="utf-8")
+                                           spool=spool_directory(root, names), reboot_program=program),
+                                encoding="utf-8")
         extra: dict[str, Any] = {"node_ports": dict(zip(names, node_ports, strict=True)), "cpus": cpus, "pids": {}}
         _save(cluster, extra)  # before any process starts: down finds a half-started cluster
         try:
