@@ -15,7 +15,7 @@ __all__ = ["resume", "ResumeFailed"]
 
 
 class ResumeFailed(RuntimeError):
-    """Raised inside the isolation transaction to roll the drain back."""
+    """The job could not be resumed without the drained nodes (they stay drained)."""
 
 
 @task(name="resume")
@@ -37,13 +37,12 @@ def isolate_and_resume(job_id: str, scheduler: SchedulerRef, bundle: str, incide
                        can_resume: bool, env: dict[str, str], remediation: str,
                        for_a_person: list[str], notifier: Any,
                        links: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """Drain the approved culprits and resume without them, in one Prefect transaction: if the
-    job cannot be resumed without the drained nodes, the drain is rolled back.
+    """Drain the approved culprits and resume without them. When the job cannot be resumed
+    without the drained nodes, they stay drained (their conviction holds): they come back
+    only through a passing validation (``spikeops.tasks.isolate``).
 
     Returns ``{"actions": [...], "resumed": {...} or None, "rolled_back": str or None,
     "stopped": bool}``."""
-    from prefect.transactions import transaction
-
     from spikeops.response import SUCCESS, describe_actions, must_stop_before_resume, resume_decision
     from spikeops.tasks.isolate import isolate
     from spikeops.tasks.protect import stop_job, stopped as is_stopped
@@ -52,36 +51,36 @@ def isolate_and_resume(job_id: str, scheduler: SchedulerRef, bundle: str, incide
     resume_from = diagnosis.get("resume_from")
     result: dict[str, Any] = {"actions": [], "resumed": None, "rolled_back": None, "stopped": stopped}
     try:
-        with transaction():
-            excluded: list[str] = []
-            if approved and gate.action == "isolate":
-                drained = isolate(scheduler, bundle, incident, culprits,
-                                  (diagnosis.get("primary") or {}).get("cause", "?"))
-                result["actions"] += drained
-                excluded = [a["target"] for a in drained if a["outcome"] in SUCCESS]
-                if notifier:
-                    notifier.stage("isolate", f"{why}; " + describe_actions(drained, "drain"), links=links)
-            if must_stop_before_resume(excluded, stopped=result["stopped"], can_resume=can_resume,
-                                       resume_from=resume_from):
-                done = stop_job(job_id, scheduler, bundle, incident)
-                result["actions"] += done
-                result["stopped"] = is_stopped(done)
-            decision = resume_decision(gate, approved, why, stopped=result["stopped"], can_resume=can_resume,
-                                       resume_from=resume_from, culprits=culprits, excluded=excluded)
-            if decision is not None and not decision[0]:
-                result["resumed"] = {"outcome": "not resumed", "detail": decision[1]}
-            elif decision is not None:
-                done = resume(job_id, scheduler, bundle, incident, resume_from["path"], excluded, env)
-                result["actions"].append(done)
-                result["resumed"] = done
-                if notifier and done["outcome"] in SUCCESS:
-                    notifier.stage("resume", f"{done['detail']}; remediation: {remediation}"
-                                   + (f". Left to a person: {'; '.join(for_a_person)}" if for_a_person else ""),
-                                   links=links)
-                if done["outcome"] in ("failed", "refused") and excluded:
-                    raise ResumeFailed(done["detail"])
+        excluded: list[str] = []
+        if approved and gate.action == "isolate":
+            drained = isolate(scheduler, bundle, incident, culprits,
+                              (diagnosis.get("primary") or {}).get("cause", "?"))
+            result["actions"] += drained
+            excluded = [a["target"] for a in drained if a["outcome"] in SUCCESS]
+            if notifier:
+                notifier.stage("isolate", f"{why}; " + describe_actions(drained, "drain"), links=links)
+        if must_stop_before_resume(excluded, stopped=result["stopped"], can_resume=can_resume,
+                                   resume_from=resume_from):
+            done = stop_job(job_id, scheduler, bundle, incident)
+            result["actions"] += done
+            result["stopped"] = is_stopped(done)
+        decision = resume_decision(gate, approved, why, stopped=result["stopped"], can_resume=can_resume,
+                                   resume_from=resume_from, culprits=culprits, excluded=excluded)
+        if decision is not None and not decision[0]:
+            result["resumed"] = {"outcome": "not resumed", "detail": decision[1]}
+        elif decision is not None:
+            done = resume(job_id, scheduler, bundle, incident, resume_from["path"], excluded, env)
+            result["actions"].append(done)
+            result["resumed"] = done
+            if notifier and done["outcome"] in SUCCESS:
+                notifier.stage("resume", f"{done['detail']}; remediation: {remediation}"
+                               + (f". Left to a person: {'; '.join(for_a_person)}" if for_a_person else ""),
+                               links=links)
+            if done["outcome"] in ("failed", "refused") and excluded:
+                raise ResumeFailed(done["detail"])
     except ResumeFailed as exc:
-        result["rolled_back"] = f"resume failed ({exc}); the drained nodes were released"
+        result["rolled_back"] = (f"resume failed ({exc}); the drained nodes stay drained until they pass "
+                                 "validation (spikeops nodes validate, or the node-lifecycle deployment)")
         result["resumed"] = {"outcome": "not resumed", "detail": result["rolled_back"]}
         if notifier:
             notifier.stage("rollback", result["rolled_back"], links=links)
