@@ -71,9 +71,12 @@ class Gate:
 
 
 def approval_gate(policy: str, diagnosis: Mapping[str, Any], *, stopped: bool, can_isolate: bool = True,
-                  can_resume: bool = True, remediation: str = "a plain resume") -> Gate:
+                  can_resume: bool = True, remediation: str = "a plain resume", replayed: str | None = None) -> Gate:
     """Whether the next action needs a person. A drain is decided when the diagnosis convicts
-    nodes; with ``always``, a stopped job with no culprit is resumed only after a yes too."""
+    nodes; with ``always``, a stopped job with no culprit is resumed only after a yes too.
+    ``replayed`` is the replay gate's verdict when the spike window was replayed: a
+    ``transient`` one (neither the original nodes nor others reproduce it with the same data)
+    rules out a persistent fault, so an inconclusive diagnosis after it is not "nothing known"."""
     if policy not in APPROVAL_POLICIES:
         raise ValueError(f"approval policy must be one of {', '.join(APPROVAL_POLICIES)}")
     primary = diagnosis.get("primary") or {}
@@ -90,7 +93,7 @@ def approval_gate(policy: str, diagnosis: Mapping[str, Any], *, stopped: bool, c
     if not culprits and stopped and resume_from and can_resume:
         if policy == "always":
             return Gate("resume", ask=True, question=f"resume from {resume_from.get('path')} ({remediation})")
-        if primary.get("cause") in UNSURE:  # nothing known: a person decides, whatever the policy
+        if primary.get("cause") in UNSURE and replayed != "transient":  # nothing known: a person decides
             return Gate("resume", ask=True, question=f"resume from {resume_from.get('path')} although the diagnosis "
                                                      f"is {primary.get('cause')} ({remediation})")
         if primary.get("cause") in SOFTWARE_FAULTS:  # the same code hangs again: only after a fix

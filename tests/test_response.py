@@ -132,3 +132,14 @@ def test_a_hang_resumes_on_the_policy_a_collective_mismatch_only_with_a_person()
         gate = approval_gate(policy, mismatch, stopped=True)
         assert gate.action == "resume" and gate.ask, policy
     assert "parallel configuration" in approval_gate("auto-hardware", mismatch, stopped=True).question
+
+
+def test_a_transient_replay_verdict_lets_the_policy_resume_an_inconclusive_diagnosis():
+    """The replays on the original and on other nodes did not reproduce the spike with the same
+    data: no persistent fault, and the seed's matrix keeps training. The policy may resume; any
+    other verdict (or none) still needs a person."""
+    unsure = _diagnosis(layer="none", cause="inconclusive", confidence=0.2, culprits=())
+    assert approval_gate("auto-hardware", unsure, stopped=True, replayed="transient").action is None
+    for other in (None, "inconclusive", "reproduced"):
+        assert approval_gate("auto-hardware", unsure, stopped=True, replayed=other).ask
+    assert approval_gate("always", unsure, stopped=True, replayed="transient").ask  # "always" is always

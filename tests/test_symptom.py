@@ -111,7 +111,7 @@ def test_spike_outside_the_focus_is_history():
 
 
 def test_restart_relogged_steps_are_handled_upstream():
-    from spikeops.diagnosis.evidence import _later_run_wins
+    from spikeops.diagnosis.evidence.metrics import _later_run_wins
 
     steps = np.array([1, 2, 3, 4, 5, 3, 4, 5, 6])
     assert _later_run_wins(steps).tolist() == [True, True, False, False, False, True, True, True, True]
