@@ -147,8 +147,11 @@ def read_evidence(
     kind: str | None = None,
     *,
     progress: Callable[[ReadReport], None] | None = None,
+    confidence: bool = True,
 ) -> Reading:
-    """Parse ``path`` as ``kind`` (detected by content when None).
+    """Parse ``path`` as ``kind`` (detected by content when None). ``confidence`` False skips
+    scoring a given kind against the file's head (the diagnosis reads a bundle's files by
+    their spec'd names and has no use for the score: ``Reading.confidence`` is then None).
 
     Raises InputError (missing, binary, empty, unknown kind) or UnrecognisedInput (text that
     no parser claims, or that the forced kind reads nothing from); never a foreign error.
@@ -157,7 +160,7 @@ def read_evidence(
     if target.is_dir():
         return _read_directory(target, kind)
     try:
-        head, report = sniff(target)
+        head, report = sniff(target, decode=kind is None or confidence)
     except InputError:
         raw = head_bytes(target)  # InputError itself when missing or empty
         if kind is not None:
@@ -169,19 +172,19 @@ def read_evidence(
             return _read_binary(target, claims[0][1], True, claims[0][0])
         raise
     detected = kind is None
-    confidence: float | None = None
+    score: float | None = None
     if kind is None:
         candidates = _detect(target, head)
         if not candidates:
             raise UnrecognisedInput(
                 f"{target}: not a kind of output spikeops reads (use --kind; `spikeops parse --list-kinds`)"
             )
-        confidence, chosen = candidates[0]
+        score, chosen = candidates[0]
     else:
         chosen = _resolve_kind(kind)
-        confidence = float(chosen.detect(head))
+        score = float(chosen.detect(head)) if confidence else None
     if chosen.binary:
-        return _read_binary(target, chosen, detected, confidence)
+        return _read_binary(target, chosen, detected, score)
     if chosen.streaming:
         result = chosen.parse(iter_lines(target, report, progress=progress))
     else:
@@ -189,4 +192,4 @@ def read_evidence(
     gaps = report.gaps() + list(getattr(result, "gaps", []))
     if not detected and is_empty(result):
         raise UnrecognisedInput(f"{target}: nothing in it reads as {chosen.name} ({chosen.description})")
-    return Reading(str(target), chosen, result, report, gaps, detected, confidence)
+    return Reading(str(target), chosen, result, report, gaps, detected, score)

@@ -106,8 +106,9 @@ def _decode(raw: bytes, report: ReadReport) -> str:
         return raw.decode("latin-1")
 
 
-def sniff(path: str | Path) -> tuple[str, ReadReport]:
-    """The head of a file as text, for kind detection; refuses empty and binary files."""
+def sniff(path: str | Path, *, decode: bool = True) -> tuple[str, ReadReport]:
+    """The head of a file as text, for kind detection; refuses empty and binary files. With
+    ``decode`` False only the refusals are checked (the head is "": the kind is known)."""
     report = ReadReport(path=str(path))
     try:
         report.size = Path(path).stat().st_size
@@ -116,6 +117,8 @@ def sniff(path: str | Path) -> tuple[str, ReadReport]:
     head = head_bytes(path, report)
     if _looks_binary(head):
         raise InputError(f"{path}: binary data, not tool output (no parser reads it)")
+    if not decode:
+        return "", report
     text = "\n".join(_decode(line, report) for line in head.split(b"\n"))
     return text, report
 

@@ -41,7 +41,7 @@ from spikeops.diagnosis.actions import plan_actions
 from spikeops.diagnosis.context import Context, build_context
 from spikeops.diagnosis.evidence import BundleFacts, load_bundle, with_fresh_checkpoints
 from spikeops.diagnosis.model import LAYERS, Diagnosis, EvidenceLine, Finding
-from spikeops.diagnosis.symptom import WINDOW, StallRule, classify, throughput_drop
+from spikeops.diagnosis.symptom import WINDOW, StallRule, SymptomResult, classify, throughput_drop
 from spikeops.thresholds import MIN_POINTS, SHORT_HISTORY
 
 __all__ = ["diagnose", "diagnose_facts", "classify_bundle", "focus_step", "incident_time", "stall_rule", "ALL_RULES", "PRIMARY_THRESHOLD"]
@@ -348,12 +348,27 @@ def stall_rule(incident: Any) -> StallRule:
     return StallRule(**values)
 
 
+def _classify(facts: BundleFacts) -> SymptomResult:
+    frame = facts.metrics.frame if facts.metrics is not None else None
+    since, now = incident_time(facts.incident)
+    return classify(frame, _focus(facts), now=now, since=since, stall_rule=stall_rule(facts.incident))
+
+
+def _early_windows(bundle: Any, metrics: Any) -> dict[Any, Any]:
+    """The per-rank and batch windows around the trouble, read while the nodes are parsed in
+    worker processes: they depend only on the metrics and the incident (``build_context``
+    finds them in the memo). Nothing at all when something here fails: read again later."""
+    facts = BundleFacts(bundle, bundle.incident, metrics, [], None, [])
+    try:
+        build_context(facts, _classify(facts))
+    except Exception:  # noqa: BLE001 - a head start only; the diagnosis reads them itself
+        return {}
+    return facts.memo
+
+
 def diagnose_facts(facts: BundleFacts) -> Diagnosis:
     """The diagnosis of an already-loaded bundle (pure over ``facts``)."""
-    frame = facts.metrics.frame if facts.metrics is not None else None
-    focus = _focus(facts)
-    since, now = incident_time(facts.incident)
-    symptom = classify(frame, focus, now=now, since=since, stall_rule=stall_rule(facts.incident))
+    symptom = _classify(facts)
     ctx = build_context(facts, symptom)
     findings = [finding for rule in ALL_RULES for finding in _run(rule, ctx)]
     collectives.join_hardware(findings)
@@ -448,7 +463,7 @@ def diagnose(path: str | Path, *, workers: int | None = None,
     ``verify_before(onset)``, when given, is called once the onset is known to verify the
     checkpoints before it into the bundle's ``checkpoints.json``; the diagnosis is then made
     again with them, from the evidence already read (reading the nodes is most of the cost)."""
-    facts = load_bundle(path, workers=workers)
+    facts = load_bundle(path, workers=workers, early=_early_windows)
     diagnosis = diagnose_facts(facts)
     if verify_before is not None and diagnosis.onset_step is not None:
         verify_before(int(diagnosis.onset_step))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -105,12 +106,15 @@ def _addresses(path: Path, nodes: list[NodeFacts]) -> None:
                 facts.addresses.add(six.group(1))
 
 
-def load_bundle(path: str | Path, *, workers: int | None = None) -> BundleFacts:
-    """Open and read a bundle (BundleError if it cannot be opened at all)."""
+def load_bundle(path: str | Path, *, workers: int | None = None,
+                early: Callable[[Any, MetricsTable | None], dict[Any, Any]] | None = None) -> BundleFacts:
+    """Open and read a bundle (BundleError if it cannot be opened at all). ``early(bundle,
+    metrics)``, run while the nodes are parsed, returns windows already read: the facts'
+    ``memo`` starts with them."""
     bundle = open_bundle(path)
     missing = list(bundle.missing)
     grouped: dict[tuple[str, str], list[str]] = {}
-    nodes, metrics, metric_notes = _load_nodes_and_metrics(bundle, workers)
+    nodes, metrics, metric_notes, memo = _load_nodes_and_metrics(bundle, workers, early)
     missing.extend(metric_notes)
     for facts in nodes:
         if facts.unreachable:
@@ -146,7 +150,7 @@ def load_bundle(path: str | Path, *, workers: int | None = None) -> BundleFacts:
     convictions, gaps = read_node_history(bundle.path)
     missing.extend(gaps)
     return BundleFacts(bundle, bundle.incident, metrics, nodes, checkpoints, missing, output, history=history,
-                       node_history=convictions)
+                       node_history=convictions, memo=dict(memo or {}))
 
 
 def _read_list_file(path: Path, name: str, parse: Any, unknown: str) -> tuple[list[Any], list[str]]:

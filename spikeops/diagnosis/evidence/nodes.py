@@ -6,7 +6,7 @@ from __future__ import annotations
 import gc
 import re
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -109,7 +109,7 @@ def _read(folder: Path, name: str, kind: str, facts: NodeFacts, *, baseline: boo
     if current is not None and current[0] == raw:
         return raw, current[1]  # byte-identical baseline: same values, nothing grew
     try:
-        result = read_evidence(path, kind).result
+        result = read_evidence(path, kind, confidence=False).result
     except InputError as exc:
         facts.notes.append(f"{facts.file(name, baseline=baseline)}: {str(exc).split(': ', 1)[-1]}")
         return None
@@ -286,19 +286,28 @@ def incident_time(incident: Incident) -> datetime | None:
     return incident.created or (incident.window.end if incident.window is not None else None)
 
 
-def _load_nodes_and_metrics(bundle: Bundle, workers: int | None) -> tuple[list[NodeFacts], MetricsTable | None, list[str]]:
-    """Nodes in worker processes while this process reads the step metrics: on a 256-node
-    bundle both take seconds, and they need nothing from each other."""
+def _load_nodes_and_metrics(bundle: Bundle, workers: int | None,
+                            early: Callable[[Bundle, MetricsTable | None], Any] | None = None
+                            ) -> tuple[list[NodeFacts], MetricsTable | None, list[str], Any]:
+    """Nodes in worker processes while this process reads the step metrics and then does
+    ``early(bundle, metrics)`` (the diagnosis reads its per-rank and batch windows there): on
+    a 256-node bundle each side takes seconds, and they need nothing from each other. Every
+    parser is imported before the workers fork, so none of them imports its own."""
     names = bundle.nodes()
     reference = incident_time(bundle.incident)
     if workers is None:
         workers = min(os.cpu_count() or 1, 8) if len(names) >= 24 else 1
     if workers <= 1 or len(names) < 2:
         metrics, notes = load_metrics(bundle)
-        return [_load_node_quietly(str(bundle.path), name, reference) for name in names], metrics, notes
+        nodes = [_load_node_quietly(str(bundle.path), name, reference) for name in names]
+        return nodes, metrics, notes, early(bundle, metrics) if early is not None else None
+    from spikeops.probes import registry
+
+    registry()  # every parser module, in the workers by inheritance
     with ProcessPoolExecutor(max_workers=workers) as pool:
         chunk = max(1, len(names) // (workers * 4))
         pending = pool.map(_load_node_quietly, [str(bundle.path)] * len(names), names, [reference] * len(names),
                            chunksize=chunk)
         metrics, notes = load_metrics(bundle)
-        return list(pending), metrics, notes
+        done = early(bundle, metrics) if early is not None else None
+        return list(pending), metrics, notes, done

@@ -30,7 +30,7 @@ def _load(line: bytes) -> dict[str, Any] | None:
         obj = orjson.loads(line)
     except orjson.JSONDecodeError:
         try:
-            obj = json.loads(line)  # NaN / Infinity tokens
+            obj = json.loads(line)  # NaN / Infinity tokens (every rank's row at a NaN step)
         except (ValueError, RecursionError):
             return None
     return obj if type(obj) is dict else None
@@ -170,7 +170,7 @@ def batch_records(rows: list[Row]) -> list[BatchRecord]:
             fingerprint=None if fingerprint is None else str(fingerprint),
             num_samples=_int(obj.get("num_samples")), max_tokens=_int(obj.get("max_tokens")),
             min_tokens=_int(obj.get("min_tokens")), num_empty=_int(obj.get("num_empty")),
-            sample_ids=[str(i) for i in ids] if type(ids) is list else [],
+            sample_ids=list(map(str, ids)) if type(ids) is list else [],
             source=source if type(source) is str else None,
             line=number, text=clip(raw.decode("utf-8", "replace")),
         ))

@@ -89,6 +89,17 @@ _KEY_OK = re.compile(r"^[A-Za-z0-9][A-Za-z0-9 ._\-/()+#,&'%]*$")
 _HEADER_KEYS = {"timestamp", "driver version", "cuda version", "attached gpus"}
 
 
+#: A GPU's sections that nothing of the GPU model reads (clocks, voltages, encoder and FBC
+#: statistics, firmware versions...): a quarter of an H100's lines. Their header is kept and
+#: their lines are not placed; a malformed line inside one is not reported either.
+_UNREAD_SECTIONS = frozenset({
+    "clocks", "max clocks", "applications clocks", "default applications clocks", "deferred clocks",
+    "max customer boost clocks", "clock policy", "voltage", "inforom version", "fabric", "encoder stats",
+    "fbc stats", "gpu virtualization mode", "gpu operation mode", "bar1 memory usage",
+    "conf compute protected memory usage", "module power readings", "ibmnpu", "driver model",
+    "inforom bbx object flush", "gpu reset status",
+})
+
 #: Keys seen in ``-q`` lines that passed ``_KEY_OK``, to their normal form (a few hundred in
 #: practice; bounded so that a file of random keys cannot grow it without limit).
 _KEY_NAMES: dict[str, str] = {}
@@ -208,11 +219,17 @@ class _QReader:
         # are 430,000 such lines in a diagnosis. Keys repeat across GPUs and nodes, so their
         # check and normal form are looked up, not recomputed. Everything else goes the long way.
         names = _KEY_NAMES
+        skip_over = -1  # lines indented deeper than this belong to a section nothing reads
         for number, line in lines:
             first = line[:1]
             if first == " " and "\t" not in line:
                 stack = self.stack
                 body = line.lstrip(" ")
+                if skip_over >= 0:
+                    if len(line) - len(body) > skip_over and body:
+                        self.last = None  # a line was there: the section did not end at its header
+                        continue
+                    skip_over = -1
                 if not stack or not body or body[0] in "[.…":
                     self._slow(number, line)
                     continue
@@ -240,6 +257,8 @@ class _QReader:
                 stack[-1].children.append(node)
                 stack.append(node)
                 self.last = node
+                if value is None and name in _UNREAD_SECTIONS and len(stack) == 2:
+                    skip_over = indent
             elif not line.strip():
                 continue
             elif first in " \t":
