@@ -23,7 +23,7 @@ BENCH_APT_PACKAGES := openssh-server pdsh time prometheus prometheus-alertmanage
 help:
 	@echo "make demo   - the whole pipeline on one machine: a local cluster, a diverging job, the flow (<1 min)"
 	@echo "make test   - run the whole test suite (creates .venv, installs what it needs)"
-	@echo "make bench  - run the benchmarks in bench/ (by hand; results go in the README)"
+	@echo "make bench  - run the benchmarks in bench/ (by hand; figures go in bench/README.md)"
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)

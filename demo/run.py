@@ -31,6 +31,7 @@ import json
 import os
 import shlex
 import shutil
+import subprocess
 import sys
 import tempfile
 import threading
@@ -142,6 +143,62 @@ def _quiet_prefect_environment(directory: Path) -> None:
     os.environ.pop("SLACK_BOT_TOKEN", None)  # the demo posts to the outbox, never to a real workspace
 
 
+class _ApiProcess:
+    """Prefect's API as ``SubprocessASGIServer`` runs it (uvicorn on its app factory, the UI
+    off, marked ephemeral), started without importing ``prefect.server`` in this process:
+    that import alone was 3-4 s of the demo's CPU, spent while the cluster and the server
+    itself were starting on the same two cores."""
+
+    def __init__(self) -> None:
+        import importlib.util
+
+        spec = importlib.util.find_spec("prefect")
+        self.site = Path(spec.origin).resolve().parents[1] if spec and spec.origin else None
+        self.port = _free_port()
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def api_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/api"
+
+    def start(self, timeout: float) -> None:
+        import urllib.error
+        import urllib.request
+
+        if self.site is None:
+            raise RuntimeError("prefect is not installed")
+        env = {**os.environ, "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1"}
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "uvicorn", "--app-dir", str(self.site), "--factory",
+             "prefect.server.api.server:create_app", "--host", "127.0.0.1", "--port", str(self.port),
+             "--log-level", "error", "--lifespan", "on"],
+            env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                tail = (self.process.stderr.read() if self.process.stderr else b"").decode(errors="replace")
+                raise RuntimeError(f"exited {self.process.returncode}: {tail.strip().splitlines()[-1:] or ''}")
+            try:
+                with urllib.request.urlopen(f"{self.api_url}/health", timeout=2) as answer:
+                    if answer.status == 200:
+                        return
+            except (urllib.error.URLError, OSError):
+                pass
+            time.sleep(0.1)
+        raise RuntimeError(f"no answer within {timeout:.0f} s")
+
+    def stop(self) -> None:
+        process, self.process = self.process, None
+        if process is None or process.poll() is not None:
+            return
+        process.terminate()
+        try:
+            process.wait(5)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
 class _PrefectServer:
     """An ephemeral Prefect API server, started in a thread while the cluster comes up.
 
@@ -161,8 +218,6 @@ class _PrefectServer:
 
     def _start(self) -> None:
         try:
-            from prefect.server.api.server import SubprocessASGIServer
-
             template = template_path()
             if self.database is not None and template.is_file():
                 if _usable_template(template):
@@ -170,17 +225,17 @@ class _PrefectServer:
                     self.templated = True
                 else:
                     template.unlink(missing_ok=True)
-            server = SubprocessASGIServer()
+            server = _ApiProcess()
             try:
                 server.start(timeout=90)
             except Exception:
+                server.stop()
                 if not self.templated:
                     raise
-                server.stop()  # a stale or broken copy: start from an empty database
-                self.database.unlink(missing_ok=True)  # type: ignore[union-attr]
+                self.database.unlink(missing_ok=True)  # type: ignore[union-attr]  # a stale or broken copy
                 template.unlink(missing_ok=True)
                 self.templated = False
-                server = SubprocessASGIServer()
+                server = _ApiProcess()
                 server.start(timeout=90)
             self.server = server
             if self.database is not None and not self.templated:
@@ -200,20 +255,42 @@ class _PrefectServer:
             self.server.stop()
 
 
+def _drain_prefect() -> None:
+    """Prefect's background senders (events, run logs) emptied now. Left to the interpreter's
+    exit, they waited 1.5-2 s on connections to the demo's server, stopped by then."""
+    with contextlib.suppress(Exception):
+        from prefect.events.worker import EventsWorker
+
+        EventsWorker.drain_all(timeout=5)
+    with contextlib.suppress(Exception):
+        from prefect.logging.handlers import APILogWorker
+
+        APILogWorker.drain_all(timeout=5)
+
+
 def _preload() -> None:
+    """What the incident flow would otherwise do first, done while the cluster and the server
+    start: its modules imported (Prefect's engine, the diagnosis, pandas), matplotlib loaded for
+    the plot, and the demo's own ledger created and migrated (Alembic: a second on its own)."""
     with contextlib.suppress(Exception):
         import importlib
 
-        for module in ("spikeops.flows.incident_response", "spikeops.diagnosis.engine", "spikeops.notify.plot"):
+        for module in ("spikeops.flows.incident_response", "spikeops.diagnosis.engine", "spikeops.notify.plot",
+                       "matplotlib.pyplot"):
             importlib.import_module(module)
+    with contextlib.suppress(Exception):
+        from spikeops.ledger.store import Ledger
+
+        Ledger(os.environ.get("SPIKEOPS_LEDGER_URL"))  # migrated once per process: the flow's finds it done
 
 
 def template_path() -> Path:
-    """Where the migrated, empty demo database of this Prefect version is kept."""
-    import prefect
+    """Where the migrated, empty demo database of this Prefect version is kept (the version
+    from the package's metadata: importing Prefect to ask would cost a second)."""
+    from importlib.metadata import version
 
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "spikeops"
-    return cache / f"prefect-demo-{prefect.__version__}.db"
+    return cache / f"prefect-demo-{version('prefect')}.db"
 
 
 def _usable_template(template: Path) -> bool:
@@ -548,6 +625,7 @@ def run_demo(options: DemoOptions, out: TextIO = sys.stdout) -> DemoResult:
             _wait_job(scheduler, job, use_slurm, 300.0)
         result.outcome = _run_flow(options, directory, cluster, job, run_dir, scheduler_params, result, say, api,
                                    stack, checkpoint_root=checkpoint_root, replay=real)
+        _drain_prefect()  # while its server is up: at exit they would wait on a server already gone
         result.diagnosis = json.loads((Path(result.outcome["bundle"]) / "diagnosis.json").read_text())
         result.resumed = None if real else _resumed_run(run_dir, result.outcome)
         _summarise(result, say)
