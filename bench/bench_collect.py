@@ -64,7 +64,8 @@ PROBES = [
     'grep -H . "${SPIKEOPS_SYSFS:-/sys}"/class/infiniband/*/ports/*/counters/*',
 ]
 JOINED = " ; ".join(f"{{ {probe} ; }}" for probe in PROBES)
-FIVE_ONLY = "".join(f"\n[probes.{name}]\nenabled = false\n" for name in ("nccl", "nccl-version", "train", "nvml"))
+FIVE_ONLY = "".join(f"\n[probes.{name}]\nenabled = false\n" for name in ("nccl", "nccl-version", "train", "nvml",
+                                                                                "flight-recorder", "stacks", "ncclras"))
 #: spikeops' modes: (label, [ssh] settings).
 MODES = {
     "single": ("spikeops collect, one session per node (paramiko)", 'sessions = "single"\n'),
