@@ -26,11 +26,9 @@ anything, so the demo builds one and tears it down:
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shlex
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -41,6 +39,9 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
+
+from spikeops.demo.prefect_server import (PrefectServer, drain_prefect, free_port, preload,
+                                           quiet_prefect_environment)
 
 __all__ = ["DemoOptions", "DemoResult", "SCENARIOS", "run_demo", "stop_demo", "default_seed"]
 
@@ -124,207 +125,6 @@ class _Printer:
             self.out.flush()
 
 
-def _quiet_prefect_environment(directory: Path) -> None:
-    """The ephemeral Prefect server keeps its database in the demo directory, never in the
-    user's profile, and says nothing the demo does not print itself; so does the ledger."""
-    home = directory / "prefect"
-    home.mkdir(parents=True, exist_ok=True)
-    os.environ.update({
-        "PREFECT_HOME": str(home),
-        "PREFECT_SERVER_DATABASE_CONNECTION_URL": f"sqlite+aiosqlite:///{home / 'demo.db'}",
-        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-        "PREFECT_UI_ENABLED": "false",
-        "PREFECT_LOGGING_LEVEL": "ERROR",
-        "PREFECT_LOGGING_TO_API_ENABLED": "false",
-        # the demo's incidents go to a ledger of its own, never the user's (docs/ledger.md)
-        "SPIKEOPS_LEDGER_URL": f"sqlite:///{directory / 'ledger.db'}",
-    })
-    os.environ.pop("PREFECT_API_URL", None)  # never the user's server: the demo brings its own
-    os.environ.pop("SLACK_BOT_TOKEN", None)  # the demo posts to the outbox, never to a real workspace
-
-
-class _ApiProcess:
-    """Prefect's API as ``SubprocessASGIServer`` runs it (uvicorn on its app factory, the UI
-    off, marked ephemeral), started without importing ``prefect.server`` in this process:
-    that import alone was 3-4 s of the demo's CPU, spent while the cluster and the server
-    itself were starting on the same two cores."""
-
-    def __init__(self) -> None:
-        import importlib.util
-
-        spec = importlib.util.find_spec("prefect")
-        self.site = Path(spec.origin).resolve().parents[1] if spec and spec.origin else None
-        self.port = _free_port()
-        self.process: subprocess.Popen[bytes] | None = None
-
-    @property
-    def api_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/api"
-
-    def start(self, timeout: float) -> None:
-        import urllib.error
-        import urllib.request
-
-        if self.site is None:
-            raise RuntimeError("prefect is not installed")
-        env = {**os.environ, "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1"}
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "uvicorn", "--app-dir", str(self.site), "--factory",
-             "prefect.server.api.server:create_app", "--host", "127.0.0.1", "--port", str(self.port),
-             "--log-level", "error", "--lifespan", "on"],
-            env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                tail = (self.process.stderr.read() if self.process.stderr else b"").decode(errors="replace")
-                raise RuntimeError(f"exited {self.process.returncode}: {tail.strip().splitlines()[-1:] or ''}")
-            try:
-                with urllib.request.urlopen(f"{self.api_url}/health", timeout=2) as answer:
-                    if answer.status == 200:
-                        return
-            except (urllib.error.URLError, OSError):
-                pass
-            time.sleep(0.1)
-        raise RuntimeError(f"no answer within {timeout:.0f} s")
-
-    def stop(self) -> None:
-        process, self.process = self.process, None
-        if process is None or process.poll() is not None:
-            return
-        process.terminate()
-        try:
-            process.wait(5)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-
-
-class _PrefectServer:
-    """An ephemeral Prefect API server, started in a thread while the cluster comes up.
-
-    A new Prefect database is migrated at the server's start: 5-7 s of the demo on this 2-core
-    machine. So the first demo keeps a copy of its freshly migrated, still empty database in
-    the user's cache (``template_path``: one per Prefect version, written with SQLite's backup
-    API while nothing else writes), and later demos start from that copy, which Prefect then
-    only checks. A copy that does not serve is dropped and the server started from nothing."""
-
-    def __init__(self, database: Path | None = None) -> None:
-        self.server: Any = None
-        self.error: BaseException | None = None
-        self.database = database
-        self.templated = False
-        self.thread = threading.Thread(target=self._start, name="demo-prefect", daemon=True)
-        self.thread.start()
-
-    def _start(self) -> None:
-        try:
-            template = template_path()
-            if self.database is not None and template.is_file():
-                if _usable_template(template):
-                    shutil.copyfile(template, self.database)
-                    self.templated = True
-                else:
-                    template.unlink(missing_ok=True)
-            server = _ApiProcess()
-            try:
-                server.start(timeout=90)
-            except Exception:
-                server.stop()
-                if not self.templated:
-                    raise
-                self.database.unlink(missing_ok=True)  # type: ignore[union-attr]  # a stale or broken copy
-                template.unlink(missing_ok=True)
-                self.templated = False
-                server = _ApiProcess()
-                server.start(timeout=90)
-            self.server = server
-            if self.database is not None and not self.templated:
-                _save_template(self.database, template)
-        except BaseException as exc:  # reported by ready()
-            self.error = exc
-
-    def ready(self) -> str:
-        self.thread.join()
-        if self.error is not None or self.server is None:
-            raise RuntimeError(f"the Prefect server did not start: {self.error}")
-        return self.server.api_url
-
-    def stop(self) -> None:
-        self.thread.join()
-        if self.server is not None:
-            self.server.stop()
-
-
-def _drain_prefect() -> None:
-    """Prefect's background senders (events, run logs) emptied now. Left to the interpreter's
-    exit, they waited 1.5-2 s on connections to the demo's server, stopped by then."""
-    with contextlib.suppress(Exception):
-        from prefect.events.worker import EventsWorker
-
-        EventsWorker.drain_all(timeout=5)
-    with contextlib.suppress(Exception):
-        from prefect.logging.handlers import APILogWorker
-
-        APILogWorker.drain_all(timeout=5)
-
-
-def _preload() -> None:
-    """What the incident flow would otherwise do first, done while the cluster and the server
-    start: its modules imported (Prefect's engine, the diagnosis, pandas), matplotlib loaded for
-    the plot, and the demo's own ledger created and migrated (Alembic: a second on its own)."""
-    with contextlib.suppress(Exception):
-        import importlib
-
-        for module in ("spikeops.flows.incident_response", "spikeops.diagnosis.engine", "spikeops.notify.plot",
-                       "matplotlib.pyplot"):
-            importlib.import_module(module)
-    with contextlib.suppress(Exception):
-        from spikeops.ledger.store import Ledger
-
-        Ledger(os.environ.get("SPIKEOPS_LEDGER_URL"))  # migrated once per process: the flow's finds it done
-
-
-def template_path() -> Path:
-    """Where the migrated, empty demo database of this Prefect version is kept (the version
-    from the package's metadata: importing Prefect to ask would cost a second)."""
-    from importlib.metadata import version
-
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "spikeops"
-    return cache / f"prefect-demo-{version('prefect')}.db"
-
-
-def _usable_template(template: Path) -> bool:
-    """A SQLite database that Prefect's migrations have stamped (a quick look, not a check of
-    every page: the server's own start is that check)."""
-    import sqlite3
-
-    try:
-        with contextlib.closing(sqlite3.connect(f"file:{template}?mode=ro", uri=True)) as db:
-            return db.execute("select count(*) from alembic_version").fetchone()[0] == 1
-    except sqlite3.Error:
-        return False
-
-
-def _save_template(database: Path, template: Path) -> None:
-    """A consistent copy of ``database`` (its WAL included) at ``template``, written whole or
-    not at all; a cache that cannot be written only costs the next demo the migrations."""
-    import sqlite3
-
-    partial = template.with_suffix(f".{os.getpid()}.tmp")
-    try:
-        template.parent.mkdir(parents=True, exist_ok=True)
-        source, copy = sqlite3.connect(database), sqlite3.connect(partial)
-        try:
-            source.backup(copy)
-        finally:
-            source.close()
-            copy.close()
-        os.replace(partial, template)
-    except (OSError, sqlite3.Error):
-        with contextlib.suppress(OSError):
-            partial.unlink(missing_ok=True)
-
-
 def _follow_outbox(path: Path, say: Callable[[str], None], stop: threading.Event) -> None:
     """Print each Slack message the flow writes, as it is written."""
     offset = 0
@@ -403,14 +203,6 @@ MONITORING = ("watcher", "prometheus")
 _QUIET_S = 10.0
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 class _AlertInbox:
     """The real receiver (``spikeops.deployments.receiver.create_app``, under uvicorn on loopback) whose
     starter hands each firing alert of the demo's job to the demo, which runs the flow itself
@@ -425,7 +217,7 @@ class _AlertInbox:
 
         self.job: str | None = None
         self.alerts: queue.Queue[Any] = queue.Queue()
-        self.port = _free_port()
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}/alerts/alertmanager"
         app = create_app(self._start, ReceiverConfig(token=None, hmac_key=None))
         self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="error"))
@@ -540,11 +332,11 @@ def run_demo(options: DemoOptions, out: TextIO = sys.stdout) -> DemoResult:
     result = DemoResult(directory=directory, scheduler="slurm" if use_slurm else "local")
     say(f"spikeops demo: scenario {options.scenario} ({SCENARIOS.get(options.scenario, '')}), "
         f"{_REAL_NODES if options.scenario in REPLAY_SCENARIOS else options.nodes} nodes, in {directory}")
-    _quiet_prefect_environment(directory)
-    prefect_server = _PrefectServer(directory / "prefect" / "demo.db")
+    quiet_prefect_environment(directory)
+    prefect_server = PrefectServer(directory / "prefect" / "demo.db")
     # The flow's modules (Prefect's engine, the diagnosis, pandas) load while the cluster starts,
     # not after the anomaly: seconds of imports off the incident's own time.
-    threading.Thread(target=_preload, name="demo-preload", daemon=True).start()
+    threading.Thread(target=preload, name="demo-preload", daemon=True).start()
     stop = threading.Event()
     with ExitStack() as stack:
         stack.callback(prefect_server.stop)
@@ -575,7 +367,7 @@ def run_demo(options: DemoOptions, out: TextIO = sys.stdout) -> DemoResult:
         inbox = None
         if options.monitoring == "prometheus":
             inbox = _AlertInbox(stack)
-            exporter = f"127.0.0.1:{_free_port()}"
+            exporter = f"127.0.0.1:{free_port()}"
             job_argv += ["--metrics-addr", exporter, "--cluster", "demo"]
         scheduler, job, scheduler_params = _start_job(options, directory, cluster.nodes, job_argv, stack, say,
                                                       use_slurm, spares=len(cluster.nodes) if real else 1)
@@ -625,7 +417,7 @@ def run_demo(options: DemoOptions, out: TextIO = sys.stdout) -> DemoResult:
             _wait_job(scheduler, job, use_slurm, 300.0)
         result.outcome = _run_flow(options, directory, cluster, job, run_dir, scheduler_params, result, say, api,
                                    stack, checkpoint_root=checkpoint_root, replay=real)
-        _drain_prefect()  # while its server is up: at exit they would wait on a server already gone
+        drain_prefect()  # while its server is up: at exit they would wait on a server already gone
         result.diagnosis = json.loads((Path(result.outcome["bundle"]) / "diagnosis.json").read_text())
         result.resumed = None if real else _resumed_run(run_dir, result.outcome)
         _summarise(result, say)

@@ -101,8 +101,11 @@ def test_consecutive_dask_collections_on_the_same_workers_all_finish(tmp_path: P
     with simcluster.running(tmp_path / "c", nodes=NODES, port=port, first_address="127.16.21.11") as cluster, \
             dask_cluster(tmp_path / "dask", workers=2, threads=1, env=environment) as address, \
             Client(address) as client:
-        inventory = Path(cluster.inventory)  # handshakes of 128 nodes at once on 2 cores can take over 5 s
-        inventory.write_text(inventory.read_text().replace("connect_timeout = 5", "connect_timeout = 30"))
+        # handshakes of 128 nodes at once on 2 cores can take over 5 s, and a probe (eight since
+        # the job-state probes) over 10: this test is about a hung worker, not the probes' bounds
+        inventory = Path(cluster.inventory)
+        inventory.write_text(inventory.read_text().replace("connect_timeout = 5", "connect_timeout = 30")
+                             .replace("command_timeout = 10", "command_timeout = 30"))
 
         @flow
         def collect(bundle: str, dask_scheduler: str | None) -> list[str]:

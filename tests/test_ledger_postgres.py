@@ -68,10 +68,10 @@ def test_two_workers_write_one_lineage_at_once_on_postgresql(ledger_db: tuple[st
         assert worker.exitcode == 0
     assert results.get(timeout=5) + results.get(timeout=5) == 4
     monkeypatch.setenv("PGPASSFILE", str(passfile))
-    from spikeops.ledger.store import Ledger
+    from spikeops.ledger.store import HEAD, Ledger
 
     with Ledger(url) as ledger:
-        assert ledger.revision() == "0001" and ledger.lineage_count("pg", "L") == 40
+        assert ledger.revision() == HEAD and ledger.lineage_count("pg", "L") == 40
         assert len(ledger.lineage_incidents("pg", "L")) == 40
         assert ledger.budget(cluster="pg", lineage="L", limit=4, window_s=3600).used == 4
     # the command line on it: the URL names no password, and none is printed
