@@ -412,6 +412,28 @@ def test_a_node_that_cannot_spool_falls_back_to_a_session_per_probe(faulty, tmp_
 
 
 @pytest.mark.parametrize("sessions", ["single", "per-probe"])
+def test_the_interface_listing_is_bounded_by_command_timeout(sessions: str, tmp_path: Path) -> None:
+    """The listing the per-interface probes are planned from is a probe like the others: a node
+    slow to list its interfaces (here `ls` takes 11 s, as a node did under load) is waited for up
+    to the inventory's command_timeout, not a fixed 10 s, and its ethtool counters are read."""
+    port = simcluster.free_port(("127.0.20.41",))
+    with simcluster.running(tmp_path / "c", nodes=1, port=port, first_address="127.0.20.41") as cluster:
+        (node,) = cluster.nodes
+        shim = cluster.directory / "nodes" / node / "bin" / "ls"
+        shim.parent.mkdir(parents=True, exist_ok=True)
+        shim.write_text('#!/bin/sh\nsleep 11\nexec /bin/ls "$@"\n')
+        shim.chmod(0o755)
+        path = cluster.directory / "slow-ls.toml"
+        path.write_text(cluster.inventory.read_text().replace("command_timeout = 10", "command_timeout = 20")
+                        .replace("fanout = 128\n", f"fanout = 128\nsessions = {json.dumps(sessions)}\n"))
+        result = collect(load_inventory(path), cluster.job, tmp_path / "b", nodes=[node])
+        (got,) = result.nodes
+        assert got.outcome == "ok", got.detail
+        expected = sorted(p.name for p in (cluster.scenario_bundle / "nodes" / node).glob("ethtool-*.txt"))
+        assert expected and sorted(p.name for p in (tmp_path / "b" / "nodes" / node).glob("ethtool-*.txt")) == expected
+
+
+@pytest.mark.parametrize("sessions", ["single", "per-probe"])
 def test_a_node_whose_sshd_dies_mid_run_keeps_what_it_sent(sessions: str, tmp_path: Path) -> None:
     port = simcluster.free_port(("127.0.21.11",))
     with simcluster.scratch() as root, simcluster.running(root / "c", nodes=3, port=port,

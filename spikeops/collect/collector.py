@@ -179,7 +179,7 @@ def _plan_order(runs: list[ProbeRun], probes: list[PlannedProbe]) -> list[ProbeR
 def _common(inventory: Inventory, deadline: float) -> dict[str, Any]:
     ssh = inventory.ssh
     return dict(sessions=ssh.sessions_per_node, expand_interfaces=lambda names: plan_interfaces(inventory, names),
-                node_deadline=deadline)
+                node_deadline=deadline, discovery_timeout=ssh.command_timeout)
 
 
 def _per_probe(inventory: Inventory, transport: Any, probes: list[PlannedProbe],

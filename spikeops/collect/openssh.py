@@ -266,6 +266,7 @@ def run_node(
     spool: Sequence[str] | None,
     config: str | None,
     started: Callable[[ProcessConduit], None] | None = None,
+    discovery_timeout: float | None = None,
 ) -> SingleResult:
     """Run ``probes`` on ``target`` in one OpenSSH session. Raises ConnectFailure when ssh
     did not get through; a result with ``fallback`` set when it did but the runner cannot run
@@ -282,7 +283,8 @@ def run_node(
         # the connection, authentication and login all come before the hello
         result = run_single(None, probes, open_sink, sessions=sessions, expand_interfaces=expand_interfaces,
                             channel_timeout=connect_timeout, node_deadline=node_deadline, spool=spool,
-                            conduit=lambda: conduit, hello_timeout=3 * connect_timeout + 2)
+                            conduit=lambda: conduit, hello_timeout=3 * connect_timeout + 2,
+                            discovery_timeout=discovery_timeout)
         status = conduit.close()
         if result.fallback is not None:
             failure = classify(status, conduit.stderr_text(), target, connect_timeout)

@@ -29,6 +29,7 @@ __all__ = [
     "ProbeRun",
     "Active",
     "run_probes",
+    "discovery_bound",
     "accept_stdout",
     "accept_stderr",
     "finish",
@@ -83,6 +84,13 @@ class Active:
     truncated: bool = False
 
 
+def discovery_bound(channel_timeout: float, discovery_timeout: float | None) -> float:
+    """The interface listing's own bound: the inventory's ``command_timeout`` when the caller
+    has one, as for every other probe (a loaded node listed its interfaces in over 10 s while
+    its other probes, bounded at 30, all finished), else the older 10 s at most."""
+    return discovery_timeout if discovery_timeout is not None else min(channel_timeout, 10.0)
+
+
 def discovery_probe(timeout: float) -> PlannedProbe:
     """The interface listing a node's per-interface probes are planned from."""
     return PlannedProbe(DISCOVERY_NAME, "", "", IFACE_DISCOVERY,
@@ -98,12 +106,13 @@ def run_probes(
     expand_interfaces: Callable[[list[str]], list[PlannedProbe]] | None = None,
     channel_timeout: float = 10.0,
     node_deadline: float | None = None,
+    discovery_timeout: float | None = None,
 ) -> list[ProbeRun]:
     """Run ``probes`` (and, when ``expand_interfaces`` is given, one run per interface the
     node lists) on an open transport. Never raises for a probe's failure: it is recorded."""
     pending: deque[PlannedProbe] = deque(probes)
     if expand_interfaces is not None:
-        pending.appendleft(discovery_probe(min(channel_timeout, 10.0)))
+        pending.appendleft(discovery_probe(discovery_bound(channel_timeout, discovery_timeout)))
     active: dict[Any, Active] = {}
     runs: list[ProbeRun] = []
     selector = selectors.DefaultSelector()

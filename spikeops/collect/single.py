@@ -48,6 +48,7 @@ from spikeops.collect.runner import (
     ProbeRun,
     accept_stderr,
     accept_stdout,
+    discovery_bound,
     discovery_failed,
     discovery_probe,
     finish,
@@ -483,12 +484,14 @@ def run_single(
     spool: Sequence[str] | None = None,
     conduit: Callable[[], Conduit] | None = None,
     hello_timeout: float | None = None,
+    discovery_timeout: float | None = None,
 ) -> SingleResult:
     """Run ``probes`` (and the per-interface ones the node's listing calls for) in one
     session: a channel on ``transport``, or what ``conduit`` opens. Never raises for a
     probe's or the session's failure."""
     t0 = time.monotonic()
-    first = discovery_probe(min(channel_timeout, 10.0)) if expand_interfaces is not None else None
+    bound = discovery_bound(channel_timeout, discovery_timeout)
+    first = discovery_probe(bound) if expand_interfaces is not None else None
     try:
         session_io = (conduit or open_channel(transport, channel_timeout))()
     except Exception as exc:  # paramiko: SSHException, ChannelException, EOFError, OSError
