@@ -160,7 +160,7 @@ def test_a_hung_job_s_dumps_and_stacks_are_collected_and_name_its_rank(hung_job)
     faulty = [int(r) for r, node in incident["job"]["ranks"].items() if node == cluster.nodes[2]]
     primary = document["findings"][0]
     assert document["culprit_nodes"] == []
-    assert any(line.startswith("stacks on ") and "Permission Denied" in line for line in document["missing"])
+    assert any(line.startswith("stacks on ") and "Permission Denied" in line for line in document["missing"]), document["missing"]
     if mode == "hang":
         assert primary["cause"] == "collective_hang" and primary["ranks"] == faulty
         assert primary["nodes"] == [cluster.nodes[2]] and "gloo:all_reduce" in primary["summary"]

@@ -355,3 +355,22 @@ def test_a_pipeline_send_met_by_a_receive_of_another_size_is_a_mismatch(tmp_path
     finding = next(f for f in document["findings"] if f["cause"] == "collective_mismatch")
     assert "send 0->1 of [[8192]] met a receive of [[4096]]" in finding["summary"]
     assert finding["ranks"] == [0, 1] and document["culprit_nodes"] == []
+
+
+def test_a_job_state_probe_failing_alike_on_every_node_is_said_once(tmp_path: Path) -> None:
+    """py-spy names each process by its pid, which differs on every node, and a process that
+    ended while it looked says so first on some: the reason is still said once for all nodes,
+    and it is the one that tells why (the permission), never a vanished process."""
+    root = _bundle(tmp_path / "b", {})
+    for index, node in enumerate(NODES):
+        folder = root / "nodes" / node
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "probes.json").write_text(json.dumps({"stacks": {
+            "command": "py-spy dump", "exit": 1, "started": iso(datetime.now(UTC)), "seconds": 0.5,
+            "error": "command-failed"}}))
+        vanished = f"pid {900 + index}: Error: Failed to get process executable name. Check that the process is running.\n"
+        (folder / "stacks.err").write_text((vanished if index % 2 else "") +
+                                           f"pid {4242 + 17 * index}: Permission Denied: try as root (exit 1)\n")
+    missing = diagnose(root).to_json()["missing"]
+    said = [line for line in missing if "stacks" in line]
+    assert said == ["stacks on n[1-3]: command-failed (pid <pid>: Permission Denied: try as root (exit 1))"], missing

@@ -82,6 +82,8 @@ def with_fresh_checkpoints(facts: BundleFacts) -> BundleFacts:
 _IPV4 = re.compile(r"(?<![\d.])\d{1,3}(?:\.\d{1,3}){3}(?![\d.])")
 #: NCCL's ``ib0:fe80::1%ib0<0>``: after the interface's colon, up to the port's ``<``.
 _IPV6 = re.compile(r"^[^:]*:\[?([0-9a-fA-F]*(?::[0-9a-fA-F]*){2,7})(?:%[\w.-]+)?\]?<")
+#: Process ids differ on every node: a reason said once for many nodes names none of them.
+_PID = re.compile(r"\bpid \d+\b", re.I)
 
 
 def _addresses(path: Path, nodes: list[NodeFacts]) -> None:
@@ -126,7 +128,8 @@ def load_bundle(path: str | Path, *, workers: int | None = None,
             if status.error is not None:
                 hint = facts.stderr.get(name)
                 if name in _JOB_STATE_PROBES:  # the same on most nodes: said once per reason
-                    reason = f"{status.error}" + (f" ({hint.replace(facts.name, '<node>')})" if hint else "")
+                    reason = f"{status.error}" + (f" ({_PID.sub('pid <pid>', hint.replace(facts.name, '<node>'))})"
+                                                  if hint else "")
                     grouped.setdefault((name, reason), []).append(facts.name)
                     continue
                 missing.append(f"nodes/{facts.name}/{name}: {status.error}" + (f" ({hint})" if hint else ""))

@@ -164,6 +164,18 @@ def _kernel_with_year(folder: Path, facts: NodeFacts, reference: datetime | None
         facts.notes.append(f"{facts.file('kernel.log')}: not dated ({type(exc).__name__})")
 
 
+#: A probe's complaint about a process that ended while it looked (py-spy of a short-lived
+#: process): a race, not why the probe failed, so not the line that says why.
+_VANISHED = re.compile(r"Check that the process is running|No such process|process .*(?:exited|has ended)", re.I)
+
+
+def telling_line(text: str) -> str:
+    """The line of a probe's stderr that says why it failed: the first non-empty one that is
+    not about a process gone meanwhile (else the first)."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return next((line for line in lines if not _VANISHED.search(line)), lines[0] if lines else "")
+
+
 _SYSLOG_DAY = re.compile(r"^(?P<mon>[A-Z][a-z]{2}) +(?P<day>\d{1,2}) \d{2}:\d{2}:\d{2}")
 _MONTHS = "Jan Feb Mar Apr May Jun Jul Aug Sep Oct Nov Dec".split()
 
@@ -206,7 +218,7 @@ def load_node(bundle_path: str, node: str, reference: datetime | None = None) ->
         return facts
     for err in folder.glob("*.err"):
         try:
-            first = next((l.strip() for l in err.read_text(errors="replace").splitlines() if l.strip()), "")
+            first = telling_line(err.read_text(errors="replace"))
         except OSError:
             first = ""
         if first:
