@@ -490,8 +490,8 @@ def run_single(
     session: a channel on ``transport``, or what ``conduit`` opens. Never raises for a
     probe's or the session's failure."""
     t0 = time.monotonic()
-    bound = discovery_bound(channel_timeout, discovery_timeout)
-    first = discovery_probe(bound) if expand_interfaces is not None else None
+    first = (discovery_probe(discovery_bound(channel_timeout, discovery_timeout))
+             if expand_interfaces is not None else None)
     try:
         session_io = (conduit or open_channel(transport, channel_timeout))()
     except Exception as exc:  # paramiko: SSHException, ChannelException, EOFError, OSError

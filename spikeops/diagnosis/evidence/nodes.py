@@ -169,7 +169,7 @@ def _kernel_with_year(folder: Path, facts: NodeFacts, reference: datetime | None
 _VANISHED = re.compile(r"Check that the process is running|No such process|process .*(?:exited|has ended)", re.I)
 
 
-def telling_line(text: str) -> str:
+def _telling_line(text: str) -> str:
     """The line of a probe's stderr that says why it failed: the first non-empty one that is
     not about a process gone meanwhile (else the first)."""
     lines = [line.strip() for line in text.splitlines() if line.strip()]
@@ -218,7 +218,7 @@ def load_node(bundle_path: str, node: str, reference: datetime | None = None) ->
         return facts
     for err in folder.glob("*.err"):
         try:
-            first = telling_line(err.read_text(errors="replace"))
+            first = _telling_line(err.read_text(errors="replace"))
         except OSError:
             first = ""
         if first:
